@@ -1,0 +1,81 @@
+"""Tokenized features, cached on disk and shared across runs and ranks.
+
+The key hashes everything the features depend on: the examples themselves (so a changed file,
+a different subset or article slice is a different key, whatever its source), the tokenizer's
+full definition, the preprocessing function and its parameters, and the code version of the
+feature functions. Per node, local rank 0 tokenizes while the other ranks wait, then all
+memory-map the same Arrow files. A cache entry appears by an atomic rename, so a run killed
+while writing leaves no half-written entry behind.
+"""
+import hashlib
+import inspect
+import json
+import logging
+import os
+import shutil
+from contextlib import nullcontext
+from pathlib import Path
+
+import pyarrow as pa
+
+from . import features as features_module
+
+logger = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    hf_home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(hf_home) / "squad_features"
+
+
+def _table_digest(dataset) -> str:
+    h = hashlib.sha256()
+    sink = pa.BufferOutputStream()
+    table = dataset.data.table if hasattr(dataset.data, "table") else dataset.data
+    if dataset._indices is not None:  # a select()ed view: hash the rows it really holds
+        table = dataset.flatten_indices().data.table
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    h.update(sink.getvalue().to_pybytes())
+    return h.hexdigest()
+
+
+def _tokenizer_digest(tokenizer) -> str:
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+
+
+def features_key(examples, tokenizer, fn, params: dict) -> str:
+    parts = {
+        "examples": _table_digest(examples),
+        "tokenizer": _tokenizer_digest(tokenizer),
+        "function": fn.__name__,
+        "code": hashlib.sha256(inspect.getsource(features_module).encode()).hexdigest(),
+        "params": params,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cached_features(examples, tokenizer, fn, params: dict, *, cache_dir=None, num_proc=None,
+                    overwrite=False, main_process_first=None, desc="tokenizing"):
+    """Map `fn(batch, tokenizer, **params)` over `examples`, reusing a cached result."""
+    from datasets import load_from_disk
+
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    entry = cache_dir / f"{fn.__name__}-{features_key(examples, tokenizer, fn, params)}"
+    guard = main_process_first(desc=desc) if main_process_first else nullcontext()
+    with guard:
+        if entry.exists() and not overwrite:
+            logger.info("features cache hit: %s", entry)
+            return load_from_disk(str(entry)), True
+        logger.info("features cache miss: %s", entry)
+        feats = examples.map(
+            fn, batched=True, num_proc=num_proc, remove_columns=examples.column_names,
+            fn_kwargs=dict(tokenizer=tokenizer, **params), desc=desc, load_from_cache_file=False,
+        )
+        tmp = entry.with_name(entry.name + f".tmp-{os.getpid()}")
+        feats.save_to_disk(str(tmp))
+        if entry.exists():  # overwrite asked for, or another node won the race
+            shutil.rmtree(entry, ignore_errors=True)
+        os.replace(tmp, entry)
+        return load_from_disk(str(entry)), False
+

@@ -1,0 +1,78 @@
+"""Parsing the run's arguments: flags, or a JSON config file optionally followed by flags
+that override it (`run_qa.py configs/reference.json --output_dir runs/x`)."""
+import json
+import os
+from pathlib import Path
+
+from transformers import HfArgumentParser, TrainingArguments
+
+from .args import DataArguments, ModelArguments, RunArguments
+from .errors import InputError
+
+DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
+
+
+def _to_flags(config: dict) -> list:
+    flags = []
+    for key, value in config.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            flags += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            flags += [f"--{key}", *map(str, value)]
+        elif isinstance(value, dict):
+            flags += [f"--{key}", json.dumps(value)]
+        else:
+            flags += [f"--{key}", str(value)]
+    return flags
+
+
+def _read_config(path: str) -> dict:
+    try:
+        config = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(path, "config file not found", "check the path (configs/ lists the shipped ones)") from None
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{err.lineno}:{err.colno}", f"malformed JSON ({err.msg})",
+                         "fix the JSON syntax at that line") from None
+    if not isinstance(config, dict):
+        raise InputError(path, "a config must be a JSON object of argument names to values",
+                         "write it as {\"model_name_or_path\": ..., ...}")
+    config.pop("_comment", None)
+    return config
+
+
+def parse_args(argv):
+    """-> (model_args, data_args, run_args, training_args, explicit) where `explicit` is the
+    set of argument names the user gave (flags or config keys)."""
+    argv = list(argv)
+    source = "command line"
+    config = {}
+    if argv and argv[0].endswith(".json"):
+        source = argv[0]
+        config = _read_config(argv[0])
+        argv = _to_flags(config) + argv[1:]
+    explicit = set(config) | {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    parser = HfArgumentParser(DATACLASSES)
+    try:
+        model_args, data_args, run_args, training_args, unknown = parser.parse_args_into_dataclasses(
+            args=argv, return_remaining_strings=True)
+    except SystemExit:
+        raise InputError(source, "invalid arguments (see the message above)",
+                         "run `python run_qa.py --help` for the accepted arguments") from None
+    except (TypeError, ValueError) as err:
+        raise InputError(source, f"invalid arguments: {str(err).splitlines()[0]}",
+                         "run `python run_qa.py --help` for the accepted arguments") from None
+    if unknown:
+        raise InputError(source, f"unknown arguments {unknown}",
+                         "remove them or run `python run_qa.py --help` for the accepted ones")
+    return model_args, data_args, run_args, training_args, explicit
+
+
+def finalize(training_args, explicit: set) -> None:
+    """Defaults that differ from transformers 5's: TensorBoard on unless asked otherwise, and
+    its event files inside the run's output folder."""
+    if "report_to" not in explicit:
+        training_args.report_to = ["tensorboard"]
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(training_args.output_dir, "runs"))

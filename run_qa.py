@@ -1,0 +1,162 @@
+#!/usr/bin/env python
+"""Fine-tune a BERT-style model for extractive question answering (SQuAD v1.1 / v2.0).
+
+    python run_qa.py configs/smoke.json                      # offline, a few CPU minutes
+    python run_qa.py configs/reference.json --output_dir runs/ref
+    torchrun --nproc_per_node 2 run_qa.py configs/reference.json
+
+Arguments: see `python run_qa.py --help` and qa/args.py. Outputs in `output_dir`:
+all_results.json (WALL_CLOCK_SECONDS, train_runtime, samples/s, real tokens/s, F1/EM),
+train/eval/predict_results.json, environment.json, results.md, predictions.json,
+nbest_predictions.json, trainer_state.json, TensorBoard events under runs/, the model.
+"""
+import time
+
+WALL_START = time.perf_counter()  # the wall clock covers imports too: they are part of a job's cost
+
+import logging  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+from datetime import datetime  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from qa.errors import InputError  # noqa: E402
+
+logger = logging.getLogger("run_qa")
+
+
+def find_checkpoint(output_dir: str, resume: str):
+    """The checkpoint to resume from: the last one in output_dir ('auto'), none ('never',
+    moving old checkpoints aside so they cannot be mixed into the new run), or a path."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if resume not in ("auto", "never"):
+        if not os.path.isdir(resume):
+            raise InputError(resume, "checkpoint folder does not exist", "pass --resume auto|never|<checkpoint dir>")
+        return resume
+    if not os.path.isdir(output_dir):
+        return None
+    last = get_last_checkpoint(output_dir)
+    if resume == "auto" or last is None:
+        return last
+    aside = Path(output_dir) / f"previous-{datetime.now():%Y%m%d-%H%M%S}"
+    aside.mkdir()
+    for ckpt in Path(output_dir).glob("checkpoint-*"):
+        shutil.move(str(ckpt), aside / ckpt.name)
+    logger.warning("resume=never: moved old checkpoints to %s", aside)
+    return None
+
+
+def select_examples(dataset, limit):
+    """The first `limit` questions. Windows are made after this cut, so every kept question
+    keeps all its windows (cutting features instead drops answers and skews the metric)."""
+    return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
+
+
+def build_features(split, examples, tokenizer, data_args, training_args, cache_root):
+    from qa.cache import cached_features
+    from qa.features import prepare_train_features, prepare_validation_features
+
+    fn = prepare_train_features if split == "train" else prepare_validation_features
+    params = dict(max_seq_length=data_args.max_seq_length, doc_stride=data_args.doc_stride,
+                  max_query_length=data_args.max_query_length, pad_to_max_length=data_args.pad_to_max_length)
+    features, hit = cached_features(
+        examples, tokenizer, fn, params, cache_dir=cache_root, num_proc=data_args.preprocessing_num_workers,
+        overwrite=data_args.overwrite_cache, main_process_first=training_args.main_process_first,
+        desc=f"tokenizing {split}")
+    logger.info("%s: %d questions -> %d features (%s)", split, len(examples), len(features),
+                "cached" if hit else "tokenized")
+    return features
+
+
+def run(argv):
+    from qa.config import finalize, parse_args
+    from qa.data import load_raw_datasets
+    from qa.features import check_window
+    from qa.model import load_model_and_tokenizer
+
+    model_args, data_args, run_args, training_args, explicit = parse_args(argv)
+    finalize(training_args, explicit)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        level=logging.INFO if training_args.should_log else logging.WARNING)
+
+    # Everything that can reject the user's input runs before anything is written.
+    check_window(data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
+    splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
+                              ("test", training_args.do_predict)) if on]
+    if not splits:
+        raise InputError("arguments", "nothing to do", "pass --do_train, --do_eval and/or --do_predict")
+    raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
+    from qa.cache import default_cache_dir
+
+    cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
+    model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root)
+    checkpoint = find_checkpoint(training_args.output_dir, run_args.resume) if training_args.do_train else None
+    return _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args,
+                               checkpoint, cache_root)
+
+
+def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args, checkpoint,
+                        cache_root):
+    from transformers import DataCollatorWithPadding, default_data_collator, set_seed
+
+    from qa.records import environment_record, finish_run, save_split_metrics, write_environment
+    from qa.telemetry import token_stats, train_throughput
+    from trainer_qa import QuestionAnsweringTrainer
+
+    set_seed(training_args.seed)
+    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+              "test": data_args.max_predict_samples}
+    examples = {s: select_examples(raw[s], limits[s]) for s in raw}
+    features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples}
+
+    collator = default_data_collator if data_args.pad_to_max_length else DataCollatorWithPadding(
+        tokenizer, pad_to_multiple_of=8)
+    trainer = QuestionAnsweringTrainer(
+        model=model, args=training_args, train_dataset=features.get("train"),
+        eval_dataset=features.get("validation"), eval_examples=examples.get("validation"),
+        processing_class=tokenizer, data_collator=collator, qa_args=data_args)
+
+    config = {**asdict(model_args), **asdict(data_args), **asdict(run_args), **training_args.to_dict()}
+    env = environment_record(config)
+    out = training_args.output_dir
+    main = trainer.is_world_process_zero()
+    if main:
+        write_environment(out, env)
+
+    if training_args.do_train:
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()
+        metrics = dict(result.metrics)
+        metrics.update(train_throughput(metrics, token_stats(features["train"]), len(examples["train"])))
+        if main:
+            save_split_metrics(out, "train", metrics)
+            trainer.save_state()
+    if training_args.do_eval:
+        metrics = trainer.evaluate()
+        if main:
+            save_split_metrics(out, "eval", metrics)
+        logger.info("eval: EM %.2f F1 %.2f", metrics.get("eval_exact_match", float("nan")),
+                    metrics.get("eval_f1", float("nan")))
+    if training_args.do_predict:
+        _, metrics = trainer.predict(features["test"], examples["test"])
+        if main:
+            save_split_metrics(out, "predict", metrics)
+    if main:
+        results = finish_run(out, time.perf_counter() - WALL_START, env)
+        logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
+    return 0
+
+
+def main(argv=None):
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

