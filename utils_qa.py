@@ -1,0 +1,33 @@
+#!/usr/bin/env python
+"""SQuAD pre- and post-processing and the official metric, as plain functions.
+
+The functions live in small modules under qa/ and are gathered here, where users of the
+Hugging Face examples look for them. As a command, it scores a predictions file the way the
+official evaluation scripts do:
+
+    python utils_qa.py score DATASET_FILE PREDICTIONS_FILE [--na-prob-file F] [--na-prob-thresh T]
+
+DATASET_FILE is an official SQuAD JSON (v1.1 or v2.0, plain or .gz); PREDICTIONS_FILE maps
+question id -> answer text. It prints one JSON object, as the official script of that version.
+"""
+import sys
+
+from qa.features import (  # noqa: F401
+    answer_token_span, check_window, prepare_train_features, prepare_validation_features, truncate_questions)
+from qa.metric import (  # noqa: F401
+    normalize_answer, scores_from_examples, squad_scores, squad_v1_scores, squad_v2_scores)
+from qa.postprocess import postprocess_qa_predictions  # noqa: F401
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "score":
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    from qa.metric import main as score_main
+
+    return score_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
