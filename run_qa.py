@@ -16,37 +16,13 @@ WALL_START = time.perf_counter()  # the wall clock covers imports too: they are 
 
 import logging  # noqa: E402
 import os  # noqa: E402
-import shutil  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import asdict  # noqa: E402
-from datetime import datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from qa.errors import InputError  # noqa: E402
 
 logger = logging.getLogger("run_qa")
-
-
-def find_checkpoint(output_dir: str, resume: str):
-    """The checkpoint to resume from: the last one in output_dir ('auto'), none ('never',
-    moving old checkpoints aside so they cannot be mixed into the new run), or a path."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if resume not in ("auto", "never"):
-        if not os.path.isdir(resume):
-            raise InputError(resume, "checkpoint folder does not exist", "pass --resume auto|never|<checkpoint dir>")
-        return resume
-    if not os.path.isdir(output_dir):
-        return None
-    last = get_last_checkpoint(output_dir)
-    if resume == "auto" or last is None:
-        return last
-    aside = Path(output_dir) / f"previous-{datetime.now():%Y%m%d-%H%M%S}"
-    aside.mkdir()
-    for ckpt in Path(output_dir).glob("checkpoint-*"):
-        shutil.move(str(ckpt), aside / ckpt.name)
-    logger.warning("resume=never: moved old checkpoints to %s", aside)
-    return None
 
 
 def select_examples(dataset, limit):
@@ -72,6 +48,7 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
 
 
 def run(argv):
+    from qa.checkpoints import find_checkpoint
     from qa.config import finalize, parse_args
     from qa.data import load_raw_datasets
     from qa.features import check_window

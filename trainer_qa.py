@@ -9,11 +9,14 @@ alone leaves the other ranks without `eval_f1` (the failure of the well-known ex
 Only the main process writes prediction files.
 """
 import math
+import os
 import time
 
 from transformers import Trainer
 from transformers.trainer_utils import speed_metrics
 
+from qa.checkpoints import COMPLETE_MARKER
+from qa.io import atomic_write_json
 from qa.metric import scores_from_examples
 from qa.postprocess import postprocess_qa_predictions
 
@@ -24,6 +27,15 @@ class QuestionAnsweringTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.eval_examples = eval_examples
         self.qa_args = qa_args
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        # Only once every rank has written its part (its RNG state, its FSDP shards) is the
+        # checkpoint whole; the marker says so, and resuming trusts nothing without it.
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {"global_step": self.state.global_step})
 
     def evaluate(self, eval_dataset=None, eval_examples=None, ignore_keys=None, metric_key_prefix="eval"):
         features = eval_dataset if eval_dataset is not None else self.eval_dataset

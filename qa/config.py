@@ -46,7 +46,7 @@ def _read_config(path: str) -> dict:
 def parse_args(argv):
     """-> (model_args, data_args, run_args, training_args, explicit) where `explicit` is the
     set of argument names the user gave (flags or config keys)."""
-    argv = list(argv)
+    argv = [str(a) for a in argv]
     source = "command line"
     config = {}
     if argv and argv[0].endswith(".json"):

@@ -1,0 +1,185 @@
+"""run_qa.py end to end, on CPU and offline: it must learn, record what it did, agree with
+itself under torchrun, and refuse bad input cleanly."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+# A tiny random BERT on generated data: learns in well under a minute on 2 cores.
+LEARN = [
+    "--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic",
+    "--synthetic_train_examples", "2000", "--synthetic_eval_examples", "200",
+    "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32",
+    "--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "64",
+    "--learning_rate", "2e-3", "--num_train_epochs", "4", "--warmup_steps", "0.1",
+    "--logging_steps", "10", "--use_cpu", "true", "--seed", "1", "--report_to", "tensorboard",
+]
+
+
+def _env(tmp_path_factory):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               HF_HOME=str(tmp_path_factory.getbasetemp() / "hf_home"), PYTHONUNBUFFERED="1")
+    env.pop("TENSORBOARD_LOGGING_DIR", None)
+    return env
+
+
+def run_qa(args, env, launcher=(sys.executable,)):
+    proc = subprocess.run([*launcher, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    return proc
+
+
+def results(out):
+    return json.loads((out / "all_results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Untrained evaluation, then training + evaluation, of the same model and data."""
+    env = _env(tmp_path_factory)
+    before = tmp_path_factory.mktemp("before")
+    proc = run_qa([*LEARN, "--do_eval", "--output_dir", str(before)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path_factory.mktemp("trained")
+    proc = run_qa([*LEARN, "--do_train", "--do_eval", "--output_dir", str(out)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return before, out, env, proc
+
+
+def test_training_learns(trained):
+    before, out, _, _ = trained
+    f1_before, f1_after = results(before)["eval_f1"], results(out)["eval_f1"]
+    assert f1_before < 15, f1_before
+    assert f1_after > f1_before + 30, (f1_before, f1_after)
+
+
+def test_run_records_everything(trained):
+    _, out, _, _ = trained
+    res = results(out)
+    for key in ("WALL_CLOCK_SECONDS", "train_runtime", "train_samples_per_second", "train_real_tokens_per_second",
+                "eval_f1", "eval_exact_match", "eval_loss"):
+        assert isinstance(res[key], (int, float)) and res[key] >= 0, key
+    assert res["WALL_CLOCK_SECONDS"] > res["train_runtime"]
+    assert res["train_examples"] == 2000 and res["train_features"] >= 2000
+    for name in ("train_results.json", "eval_results.json", "environment.json", "results.md",
+                 "predictions.json", "nbest_predictions.json", "trainer_state.json", "model.safetensors"):
+        assert (out / name).is_file(), name
+    env = json.loads((out / "environment.json").read_text())
+    assert env["versions"]["torch"] and env["config"]["learning_rate"] == 2e-3 and env["git_commit"]
+    predictions = json.loads((out / "predictions.json").read_text())
+    assert len(predictions) == 200
+    events = list((out / "runs").rglob("events.out.tfevents.*"))
+    assert events, "TensorBoard events are written by default"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for e in events:
+        acc = EventAccumulator(str(e))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/learning_rate", "train/grad_norm"} <= tags, tags
+    assert "eval F1" in (out / "results.md").read_text()
+
+
+def test_cached_features_are_reused(trained):
+    _, out, _, proc = trained
+    assert "features cache hit" in proc.stderr  # the untrained run tokenized the same eval set
+
+
+def test_torchrun_two_processes_match_single_process(trained, tmp_path):
+    """2 gloo ranks train with per-epoch evaluation and keep the best model by eval_f1 (every
+    rank must hold the metric), then evaluate; the single-process evaluation of the saved
+    model gives the same metrics."""
+    _, _, env, _ = trained
+    ddp = tmp_path / "ddp"
+    args = [*LEARN, "--num_train_epochs", "2", "--do_train", "--do_eval", "--output_dir", str(ddp),
+            "--eval_strategy", "epoch", "--save_strategy", "epoch", "--load_best_model_at_end", "true",
+            "--metric_for_best_model", "eval_f1", "--ddp_find_unused_parameters", "false"]
+    proc = run_qa(args, env, launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                       "--nproc_per_node", "2"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    record = json.loads((ddp / "environment.json").read_text())
+    assert record["distributed"]["WORLD_SIZE"] == "2"
+    state = json.loads((ddp / "trainer_state.json").read_text())
+    assert state["best_metric"] is not None and state["best_model_checkpoint"]
+    single = tmp_path / "single"
+    proc = run_qa([*LEARN, "--model_name_or_path", str(ddp), "--do_eval", "--output_dir", str(single)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for key in ("eval_f1", "eval_exact_match"):
+        assert results(ddp)[key] == results(single)[key], key
+    assert abs(results(ddp)["eval_loss"] - results(single)["eval_loss"]) < 1e-4
+
+
+def _write(path, obj):
+    path.write_text(json.dumps(obj))
+    return str(path)
+
+
+def _squad(qas, context="Paris is the capital of France."):
+    return {"version": "1.1", "data": [{"title": "T", "paragraphs": [{"context": context, "qas": qas}]}]}
+
+
+GOOD_QA = {"id": "a", "question": "What is the capital?", "answers": [{"text": "Paris", "answer_start": 0}]}
+
+BAD_INPUTS = {
+    "missing file": (lambda d: ["--train_file", str(d / "nope.json")], "nope.json"),
+    "malformed json": (lambda d: ["--train_file", _bad_text(d / "bad.json", '{"data": [')], "bad.json"),
+    "unknown schema": (lambda d: ["--train_file", _write(d / "schema.json", {"rows": [1, 2]})], "schema.json"),
+    "missing columns": (lambda d: ["--train_file", _write(d / "cols.json", [{"id": "a", "question": "q"}])],
+                        "context"),
+    "answer_start off": (lambda d: ["--train_file", _write(d / "off.json", _squad(
+        [{**GOOD_QA, "answers": [{"text": "Paris", "answer_start": 3}]}]))], "off.json"),
+    "empty question": (lambda d: ["--train_file", _write(d / "emptyq.json", _squad(
+        [{**GOOD_QA, "question": "  "}]))], "question"),
+    "empty context": (lambda d: ["--train_file", _write(d / "emptyc.json", _squad([], context=""))], "emptyc.json"),
+    "duplicate ids": (lambda d: ["--train_file", _write(d / "dup.json", _squad([GOOD_QA, GOOD_QA]))], "dup.json"),
+    "v2 without flag": (lambda d: ["--train_file", _write(d / "v2.json", _squad(
+        [GOOD_QA, {"id": "b", "question": "Who?", "answers": [], "is_impossible": True}]))],
+        "version_2_with_negative"),
+    "stride too large": (lambda d: ["--doc_stride", "128"], "doc_stride"),
+    "unknown model path": (lambda d: ["--model_name_or_path", str(d / "no-such-model")], "no-such-model"),
+    "offline, not cached": (lambda d: ["--model_name_or_path", "google-bert/bert-base-uncased"], "setup_bert.sh"),
+    "offline dataset": (lambda d: ["--dataset_name", "rajpurkar/squad"], "setup_bert.sh"),
+    "bad config": (lambda d: [_bad_text(d / "cfg.json", "{oops")], "cfg.json"),
+}
+
+
+def _bad_text(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_fails_cleanly(case, tmp_path, monkeypatch, capsys):
+    """In-process (a fresh interpreter per case would cost ~10 s of imports each)."""
+    from run_qa import main
+
+    make, must_mention = BAD_INPUTS[case]
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "out"
+    base = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic", "--do_train",
+            "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32", "--use_cpu", "true"]
+    extra = make(tmp_path)
+    args = (extra if case == "bad config" else base + extra) + ["--output_dir", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error:") and "Fix:" in err[-1], err
+    assert must_mention in err[-1], err[-1]
+    assert not out.exists(), "bad input must leave no output behind"
+
+
+def test_bad_input_message_is_one_line_naming_the_culprit(tmp_path, tmp_path_factory):
+    """Through a real process: exit status 2 and a single `error:` line with the fix."""
+    env = _env(tmp_path_factory)
+    bad = _write(tmp_path / "off.json", _squad([{**GOOD_QA, "answers": [{"text": "Paris", "answer_start": 3}]}]))
+    proc = run_qa(["--model_name_or_path", "bundled:tiny-bert", "--train_file", bad, "--do_train",
+                   "--output_dir", str(tmp_path / "out")], env)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "off.json" in errors[0] and "Fix:" in errors[0], proc.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
