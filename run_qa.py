@@ -79,6 +79,7 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
                         cache_root):
     from transformers import DataCollatorWithPadding, default_data_collator, set_seed
 
+    from qa.callbacks import run_callbacks
     from qa.records import environment_record, finish_run, save_split_metrics, write_environment
     from qa.telemetry import token_stats, train_throughput
     from trainer_qa import QuestionAnsweringTrainer
@@ -89,12 +90,14 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
     examples = {s: select_examples(raw[s], limits[s]) for s in raw}
     features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples}
 
+    train_stats = token_stats(features["train"]) if "train" in features else None
     collator = default_data_collator if data_args.pad_to_max_length else DataCollatorWithPadding(
         tokenizer, pad_to_multiple_of=8)
     trainer = QuestionAnsweringTrainer(
         model=model, args=training_args, train_dataset=features.get("train"),
         eval_dataset=features.get("validation"), eval_examples=examples.get("validation"),
-        processing_class=tokenizer, data_collator=collator, qa_args=data_args)
+        processing_class=tokenizer, data_collator=collator, qa_args=data_args,
+        callbacks=run_callbacks(run_args, training_args, train_stats))
 
     config = {**asdict(model_args), **asdict(data_args), **asdict(run_args), **training_args.to_dict()}
     env = environment_record(config)
@@ -107,7 +110,7 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
         result = trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model()
         metrics = dict(result.metrics)
-        metrics.update(train_throughput(metrics, token_stats(features["train"]), len(examples["train"])))
+        metrics.update(train_throughput(metrics, train_stats, len(examples["train"])))
         if main:
             save_split_metrics(out, "train", metrics)
             trainer.save_state()
