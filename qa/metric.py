@@ -1,0 +1,446 @@
+"""SQuAD v1.1 and v2.0 scores, computed exactly as the official evaluation scripts compute them.
+
+The official scripts (`evaluate-v1.1.py`, `evaluate-v2.0.py` from the SQuAD authors) define the
+numbers people compare on leaderboards, so this module reproduces their arithmetic to the last
+printed digit: the same answer normalisation, the same token-overlap F1 formula, the same maximum
+over gold answers, and the same order and kind of float summation (v1.1 adds per-question scores
+one by one with `+=`; v2.0 uses the builtin `sum`, which newer Pythons compensate, so the two are
+kept apart rather than unified).
+
+One deliberate difference: a question without a prediction scores 0 and still counts in every
+denominator, in both versions. The official v1.1 script does the same, but the official v2.0
+script leaves such a question out of `total` (inflating the score), or crashes with a KeyError
+when it is needed for the HasAns/NoAns split. On a prediction file that answers every question the
+output is identical to the official scripts'.
+
+Other departures do not change any number: warnings go to stderr (the official v2.0 script prints
+its "Missing prediction" notes to stdout, in the way of its JSON), bad input gives a one-line
+`error: ...` instead of a traceback, and the precision-recall plots are not produced.
+
+Public API: `normalize_answer`, `squad_v1_scores`, `squad_v2_scores`, `squad_scores`,
+`scores_from_examples`, `load_squad_json`, `is_squad_v2`, `main` (the `score` command).
+"""
+import argparse
+import collections
+import gzip
+import json
+import re
+import string
+import sys
+
+from qa.errors import InputError
+
+# ---------------------------------------------------------------------------------------------
+# Answer normalisation and per-answer scores
+# ---------------------------------------------------------------------------------------------
+
+_PUNCTUATION = frozenset(string.punctuation)
+# \b is Unicode-aware for str patterns, as in the official scripts, so "éa" keeps its "a".
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """Lowercase, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace.
+
+    The steps run in the official order: punctuation goes before articles, so "the-end" becomes
+    "theend" and keeps its "the".
+    """
+    text = s.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _overlap_f1(pred_tokens, gold_tokens):
+    """Token F1 of two non-empty bags of tokens; int 0 when they share nothing, like the official."""
+    num_same = sum((collections.Counter(pred_tokens) & collections.Counter(gold_tokens)).values())
+    if num_same == 0:
+        return 0
+    # Written as the official scripts write it; the algebraically equal 2*n/(p+g) can differ in
+    # the last bit.
+    precision = 1.0 * num_same / len(pred_tokens)
+    recall = 1.0 * num_same / len(gold_tokens)
+    return (2 * precision * recall) / (precision + recall)
+
+
+def _v1_f1(prediction, gold):
+    # v1.1 has no empty-answer rule: an empty side has no overlap and so scores 0.
+    return _overlap_f1(normalize_answer(prediction).split(), normalize_answer(gold).split())
+
+
+def _v2_f1(prediction, gold):
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    if not pred_tokens or not gold_tokens:
+        # "No answer" on either side: full marks only when both say so.
+        return int(pred_tokens == gold_tokens)
+    return _overlap_f1(pred_tokens, gold_tokens)
+
+
+def _v1_question_scores(prediction, golds):
+    """(exact, f1) of one question under v1.1; exact is a bool, as the official sums bools."""
+    normalized = normalize_answer(prediction)
+    exact = max(normalized == normalize_answer(gold) for gold in golds)
+    f1 = max(_v1_f1(prediction, gold) for gold in golds)
+    return exact, f1
+
+
+def _v2_question_scores(prediction, golds):
+    """(exact, f1) of one question under v2.0, golds already passed through `_v2_golds`."""
+    normalized = normalize_answer(prediction)
+    exact = max(int(normalize_answer(gold) == normalized) for gold in golds)
+    f1 = max(_v2_f1(prediction, gold) for gold in golds)
+    return exact, f1
+
+
+def _v2_golds(answer_texts):
+    # Golds that normalise to nothing ("the", "!") cannot be matched by any real answer, so v2.0
+    # drops them; a question left without golds expects the empty answer.
+    return [text for text in answer_texts if normalize_answer(text)] or [""]
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset-level scores
+# ---------------------------------------------------------------------------------------------
+
+def _questions(dataset):
+    """(id, gold answer texts) of every question, in dataset order."""
+    for article in dataset:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                yield qa["id"], [answer["text"] for answer in qa["answers"]]
+
+
+def squad_v1_scores(dataset, predictions) -> dict:
+    """{"exact_match", "f1"} in percent, as `evaluate-v1.1.py` computes them.
+
+    `dataset` is the list under the official JSON's "data" key; `predictions` maps question id to
+    answer text. A question without a prediction scores 0 (as in the official script).
+    """
+    exact_total = f1_total = count = 0
+    for qid, golds in _questions(dataset):
+        count += 1
+        if qid not in predictions:
+            continue
+        if not golds:
+            raise InputError(
+                f"question {qid!r}", "has no gold answers, which SQuAD v1.1 scoring cannot score",
+                "score it with the SQuAD v2.0 rules (version_2_with_negative), or drop the question")
+        exact, f1 = _v1_question_scores(predictions[qid], golds)
+        exact_total += exact
+        f1_total += f1
+    if count == 0:
+        raise InputError("dataset", "contains no questions", "score a dataset that has questions")
+    return {"exact_match": 100.0 * exact_total / count, "f1": 100.0 * f1_total / count}
+
+
+def _percentages(exact_scores, f1_scores, qids):
+    # The builtin sum over values in dataset order, exactly as the official v2.0 script adds them.
+    total = len(qids)
+    return [
+        ("exact", 100.0 * sum(exact_scores[qid] for qid in qids) / total),
+        ("f1", 100.0 * sum(f1_scores[qid] for qid in qids) / total),
+        ("total", total),
+    ]
+
+
+def _best_threshold(predictions, raw_scores, na_probs, has_answer):
+    """(best score in percent, threshold) over all no-answer thresholds, as the official finds it.
+
+    Start from "answer nothing" (every answerable question wrong, every unanswerable one right),
+    then, in order of rising no-answer probability, switch each question to its own prediction.
+    """
+    # A question without a prediction is wrong at every threshold: it never counts as a correct
+    # "no answer" and is never switched. (The official, whose scores lack such questions, would
+    # count the unanswerable ones as right at the start.)
+    score = sum(1 for qid, has in has_answer.items() if not has and qid in predictions)
+    best_score, best_thresh = score, 0.0
+    for qid in sorted(na_probs, key=lambda k: na_probs[k]):
+        if qid not in raw_scores or qid not in predictions:
+            continue
+        if has_answer[qid]:
+            score += raw_scores[qid]
+        elif predictions[qid]:  # an unanswerable question answered: loses its point
+            score -= 1
+        if score > best_score:
+            best_score, best_thresh = score, na_probs[qid]
+    return 100.0 * best_score / len(raw_scores), best_thresh
+
+
+def squad_v2_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> collections.OrderedDict:
+    """The official `evaluate-v2.0.py` result, as an OrderedDict in its key order.
+
+    exact, f1, total; then HasAns_exact/f1/total when some question has gold answers and
+    NoAns_exact/f1/total when some has none; then, when `na_probs` (question id -> probability
+    that it has no answer) is given, best_exact, best_exact_thresh, best_f1, best_f1_thresh.
+    A question whose no-answer probability exceeds `na_prob_thresh` is scored as answered "".
+
+    Deliberate difference from the official script: a question missing from `predictions` scores
+    0 and stays in every total (the official drops it from `total`, or crashes).
+    """
+    has_answer = {}  # dicts keyed by id, as the official's: a repeated id keeps one entry
+    exact_raw, f1_raw = {}, {}
+    for qid, golds in _questions(dataset):
+        has_answer[qid] = bool(golds)
+        if qid in predictions:
+            exact_raw[qid], f1_raw[qid] = _v2_question_scores(predictions[qid], _v2_golds(golds))
+        else:
+            exact_raw[qid] = f1_raw[qid] = 0  # see the docstring: wrong, but still counted
+    if not exact_raw:
+        raise InputError("dataset", "contains no questions", "score a dataset that has questions")
+
+    probs = na_probs if na_probs is not None else {qid: 0.0 for qid in predictions}
+    unknown = next((qid for qid in exact_raw if qid in predictions and qid not in probs), None)
+    if unknown is not None:
+        raise InputError("na_probs", f"has no probability for question {unknown!r}",
+                         "give a no-answer probability for every predicted question")
+    exact, f1 = {}, {}
+    for qid in exact_raw:
+        if qid in predictions and probs[qid] > na_prob_thresh:
+            # Predicted "no answer": right exactly when the question has none.
+            exact[qid] = f1[qid] = float(not has_answer[qid])
+        else:
+            exact[qid], f1[qid] = exact_raw[qid], f1_raw[qid]
+
+    result = collections.OrderedDict(_percentages(exact, f1, list(exact)))
+    for prefix, wanted in (("HasAns", True), ("NoAns", False)):
+        qids = [qid for qid, has in has_answer.items() if has is wanted]
+        if qids:
+            result.update((f"{prefix}_{key}", value) for key, value in _percentages(exact, f1, qids))
+    if na_probs is not None:
+        result["best_exact"], result["best_exact_thresh"] = _best_threshold(
+            predictions, exact_raw, na_probs, has_answer)
+        result["best_f1"], result["best_f1_thresh"] = _best_threshold(
+            predictions, f1_raw, na_probs, has_answer)
+    return result
+
+
+def squad_scores(dataset, predictions, version_2_with_negative: bool, na_probs=None, na_prob_thresh=1.0):
+    """`squad_v2_scores` when `version_2_with_negative`, else `squad_v1_scores`."""
+    if version_2_with_negative:
+        return squad_v2_scores(dataset, predictions, na_probs=na_probs, na_prob_thresh=na_prob_thresh)
+    if na_probs is not None:
+        raise ValueError("no-answer probabilities apply only to SQuAD v2.0 scoring")
+    return squad_v1_scores(dataset, predictions)
+
+
+def scores_from_examples(examples, predictions, version_2_with_negative: bool,
+                         na_probs=None, na_prob_thresh=1.0):
+    """The same scores from flat examples: dicts with "id" and "answers" = {"text": [...], ...}.
+
+    This is the Hugging Face `rajpurkar/squad` / `squad_v2` layout; for v2.0 an empty text list
+    means unanswerable. The examples are rebuilt into the nested official layout and scored by
+    the same code, so the numbers equal the nested form's for the same questions in the same order.
+    """
+    qas = [
+        {"id": example["id"],
+         "answers": [{"text": text} for text in example["answers"]["text"]],
+         "is_impossible": not example["answers"]["text"]}
+        for example in examples
+    ]
+    dataset = [{"paragraphs": [{"qas": qas}]}]
+    return squad_scores(dataset, predictions, version_2_with_negative,
+                        na_probs=na_probs, na_prob_thresh=na_prob_thresh)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files
+# ---------------------------------------------------------------------------------------------
+
+_LAYOUT_FIX = ('give it the official SQuAD layout {"data": [{"paragraphs": [{"qas": '
+               '[{"id": "...", "answers": [{"text": "..."}]}]}]}]}')
+
+
+def _json_type(value):
+    """How JSON calls the type of a parsed value, for error messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+             float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _read_json(path):
+    """Parse a JSON file, plain or gzip (recognised by its magic bytes, whatever its name)."""
+    where = str(path)
+    try:
+        with open(path, "rb") as raw:
+            compressed = raw.read(2) == b"\x1f\x8b"
+        opener = gzip.open if compressed else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise InputError(where, "no such file", "check the path") from None
+    except IsADirectoryError:
+        raise InputError(where, "is a directory, not a file", "give the path of a JSON file") from None
+    except PermissionError:
+        raise InputError(where, "cannot be read (permission denied)", "make the file readable") from None
+    except UnicodeDecodeError:
+        raise InputError(where, "is not UTF-8 text", "save it as UTF-8 JSON") from None
+    except json.JSONDecodeError as err:
+        raise InputError(where, f"is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})",
+                         "repair or regenerate the file") from None
+    except (OSError, EOFError) as err:  # a damaged or truncated gzip stream, or an unreadable disk
+        problem = f"cannot be read ({err})" if str(err) else f"cannot be read ({type(err).__name__})"
+        raise InputError(where, problem.replace("\n", " "), "repair or regenerate the file") from None
+
+
+def _check_layout(squad_json, where):
+    """Raise InputError unless `squad_json` has the nested data -> paragraphs -> qas layout."""
+    def require(condition, problem):
+        if not condition:
+            raise InputError(where, problem, _LAYOUT_FIX)
+
+    require(isinstance(squad_json, dict), f"holds a JSON {_json_type(squad_json)}, not an object")
+    require(isinstance(squad_json.get("data"), list), 'has no "data" list')
+    for a, article in enumerate(squad_json["data"]):
+        at = f"data[{a}]"
+        require(isinstance(article, dict) and isinstance(article.get("paragraphs"), list),
+                f'{at} has no "paragraphs" list')
+        for p, paragraph in enumerate(article["paragraphs"]):
+            at = f"data[{a}].paragraphs[{p}]"
+            require(isinstance(paragraph, dict) and isinstance(paragraph.get("qas"), list),
+                    f'{at} has no "qas" list')
+            for q, qa in enumerate(paragraph["qas"]):
+                at = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                require(isinstance(qa, dict), f"{at} is not an object")
+                require(isinstance(qa.get("id"), str), f'{at} has no string "id"')
+                require(isinstance(qa.get("answers"), list), f'{at} has no "answers" list')
+                for n, answer in enumerate(qa["answers"]):
+                    require(isinstance(answer, dict) and isinstance(answer.get("text"), str),
+                            f'{at}.answers[{n}] has no string "text"')
+
+
+def load_squad_json(path) -> dict:
+    """The parsed official SQuAD JSON file at `path` (plain or gzip), its layout checked."""
+    squad_json = _read_json(path)
+    _check_layout(squad_json, str(path))
+    return squad_json
+
+
+def is_squad_v2(squad_json) -> bool:
+    """Whether a parsed SQuAD file is v2.0: version "v2.0", or some question `is_impossible`."""
+    if squad_json.get("version") == "v2.0":
+        return True
+    return any(qa.get("is_impossible") is True
+               for article in squad_json["data"]
+               for paragraph in article["paragraphs"]
+               for qa in paragraph["qas"])
+
+
+def _load_predictions(path):
+    predictions = _read_json(path)
+    fix = "write a JSON object mapping each question id to its answer text"
+    if not isinstance(predictions, dict):
+        raise InputError(str(path), f"holds a JSON {_json_type(predictions)}, not an object", fix)
+    for qid, answer in predictions.items():
+        if not isinstance(answer, str):
+            raise InputError(str(path), f"the answer for question {qid!r} is a JSON "
+                                        f"{_json_type(answer)}, not a string", fix)
+    return predictions
+
+
+def _load_na_probs(path, dataset, predictions):
+    na_probs = _read_json(path)
+    fix = "write a JSON object mapping each question id to its probability of having no answer"
+    if not isinstance(na_probs, dict):
+        raise InputError(str(path), f"holds a JSON {_json_type(na_probs)}, not an object", fix)
+    for qid, prob in na_probs.items():
+        if isinstance(prob, bool) or not isinstance(prob, (int, float)):
+            raise InputError(str(path), f"the probability for question {qid!r} is a JSON "
+                                        f"{_json_type(prob)}, not a number", fix)
+    # Every answered question is compared with the threshold, so each needs a probability.
+    for qid, _ in _questions(dataset):
+        if qid in predictions and qid not in na_probs:
+            raise InputError(str(path), f"has no probability for question {qid!r}", fix)
+    return na_probs
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse would print usage plus a message over two lines; keep the one-line contract.
+        raise InputError("command line", message, f"see '{self.prog} --help'")
+
+
+def _parser():
+    parser = _Parser(
+        prog="utils_qa.py score",
+        description="Score SQuAD predictions exactly as the official v1.1 / v2.0 evaluation "
+                    "scripts do (the version is detected from the dataset).")
+    parser.add_argument("dataset_file", help="official SQuAD dataset JSON (plain or .gz)")
+    parser.add_argument("predictions_file", help="JSON object: question id -> answer text")
+    parser.add_argument("--na-prob-file", "-n", default=None,
+                        help="v2.0 only: JSON object, question id -> probability of no answer")
+    parser.add_argument("--na-prob-thresh", "-t", type=float, default=1.0,
+                        help='v2.0: predict "" when the no-answer probability exceeds this (default 1.0)')
+    return parser
+
+
+_MAX_MISSING_NOTES = 5
+
+
+def _warn_missing(dataset, predictions, version_2):
+    missing = [qid for qid, _ in _questions(dataset) if qid not in predictions]
+    for qid in missing[:_MAX_MISSING_NOTES]:
+        print(f"Unanswered question {qid} will receive score 0.", file=sys.stderr)
+    if len(missing) > _MAX_MISSING_NOTES:
+        print(f"... {len(missing) - _MAX_MISSING_NOTES} more unanswered question(s).", file=sys.stderr)
+    if missing and version_2:
+        print(f"Note: the {len(missing)} unanswered question(s) count as wrong and stay in the totals "
+              "(the official v2.0 script would drop them or crash).", file=sys.stderr)
+
+
+def _score_files(args):
+    squad_json = load_squad_json(args.dataset_file)
+    dataset = squad_json["data"]
+    version_2 = is_squad_v2(squad_json)
+    predictions = _load_predictions(args.predictions_file)
+
+    if version_2:
+        na_probs = (_load_na_probs(args.na_prob_file, dataset, predictions)
+                    if args.na_prob_file is not None else None)
+    else:
+        if args.na_prob_file is not None:
+            raise InputError(args.na_prob_file, "was given, but the dataset is SQuAD v1.1, which has "
+                             "no unanswerable questions", "leave out --na-prob-file")
+        for qid, golds in _questions(dataset):
+            if not golds:
+                raise InputError(args.dataset_file, f"question {qid!r} has no answers, but the file is "
+                                 'not SQuAD v2.0 (no "is_impossible": true, version not "v2.0")',
+                                 'mark unanswerable questions with "is_impossible": true')
+        if "version" in squad_json and squad_json["version"] != "1.1":
+            print(f"Evaluation expects v-1.1, but got dataset with v-{squad_json['version']}", file=sys.stderr)
+        na_probs = None
+
+    if not any(True for _ in _questions(dataset)):
+        raise InputError(args.dataset_file, "contains no questions", "score a dataset that has questions")
+    _warn_missing(dataset, predictions, version_2)
+
+    if version_2:
+        result = squad_v2_scores(dataset, predictions, na_probs=na_probs, na_prob_thresh=args.na_prob_thresh)
+        return json.dumps(result, indent=2)
+    return json.dumps(squad_v1_scores(dataset, predictions))
+
+
+def main(argv=None) -> int:
+    """`score DATASET_FILE PREDICTIONS_FILE [--na-prob-file F] [--na-prob-thresh T]`.
+
+    Prints what the official script of the dataset's version prints; returns 0, or 2 after a
+    one-line `error: ...` on stderr for bad input.
+    """
+    try:
+        args = _parser().parse_args(argv)
+        output = _score_files(args)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as exit_:  # --help
+        return exit_.code if isinstance(exit_.code, int) else 0
+    print(output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
