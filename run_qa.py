@@ -15,7 +15,6 @@ import time
 WALL_START = time.perf_counter()  # the wall clock covers imports too: they are part of a job's cost
 
 import logging  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -77,12 +76,12 @@ def run(argv):
 
 def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args, checkpoint,
                         cache_root):
-    from transformers import DataCollatorWithPadding, default_data_collator, set_seed
+    from transformers import default_data_collator, set_seed
 
     from qa.callbacks import run_callbacks
     from qa.records import environment_record, finish_run, save_split_metrics, write_environment
     from qa.telemetry import token_stats, train_throughput
-    from trainer_qa import QuestionAnsweringTrainer
+    from trainer_qa import EXIT_INTERRUPTED, CheckpointOnSignalCallback, QuestionAnsweringTrainer
 
     set_seed(training_args.seed)
     limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
@@ -91,13 +90,22 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
     features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples}
 
     train_stats = token_stats(features["train"]) if "train" in features else None
-    collator = default_data_collator if data_args.pad_to_max_length else DataCollatorWithPadding(
-        tokenizer, pad_to_multiple_of=8)
+    collator = default_data_collator
+    if not data_args.pad_to_max_length:  # dynamic padding, to a few lengths (qa/collate.py)
+        from qa.collate import BucketPaddingCollator, add_length_column
+
+        collator = BucketPaddingCollator(tokenizer, data_args.max_seq_length, data_args.pad_to_multiple_of,
+                                         data_args.length_buckets)
+        if "train" in features and training_args.train_sampling_strategy == "group_by_length":
+            features["train"] = add_length_column(features["train"])  # lengths for the sampler, read at once
     trainer = QuestionAnsweringTrainer(
         model=model, args=training_args, train_dataset=features.get("train"),
         eval_dataset=features.get("validation"), eval_examples=examples.get("validation"),
         processing_class=tokenizer, data_collator=collator, qa_args=data_args,
         callbacks=run_callbacks(run_args, training_args, train_stats))
+    on_signal = CheckpointOnSignalCallback() if run_args.checkpoint_on_sigterm else None
+    if on_signal is not None:
+        trainer.add_callback(on_signal)
 
     config = {**asdict(model_args), **asdict(data_args), **asdict(run_args), **training_args.to_dict()}
     env = environment_record(config)
@@ -108,9 +116,18 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
 
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=checkpoint)
+        if on_signal is not None and on_signal.stopped_at is not None:
+            # Stopped on SIGTERM with checkpoint-N saved: unfinished, so no results are written;
+            # every rank leaves together, after the main one has marked the checkpoint complete.
+            trainer.accelerator.wait_for_everyone()
+            logger.warning("interrupted by SIGTERM (on this or another rank): checkpoint-%d saved in %s; "
+                           "rerun (--resume auto) to continue", on_signal.stopped_at, out)
+            return EXIT_INTERRUPTED
         trainer.save_model()
         metrics = dict(result.metrics)
         metrics.update(train_throughput(metrics, train_stats, len(examples["train"])))
+        metrics.update({k: v for cb in trainer.callback_handler.callbacks if hasattr(cb, "summary")
+                        for k, v in cb.summary().items()})  # telemetry / profiling summaries
         if main:
             save_split_metrics(out, "train", metrics)
             trainer.save_state()

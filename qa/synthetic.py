@@ -130,7 +130,7 @@ def _paragraph(rng, n_questions, v2, next_id):
     used = set()
     n_sentences = rng.randint(9, 11) if rng.random() < 0.05 else rng.randint(3, 6)
     theme = rng.sample(sorted(KINDS), rng.randint(2, 3))
-    facts, sentences, context = [], [], ""
+    facts, context = [], ""
     for _ in range(n_sentences):
         kind = rng.choice(theme)
         values = _fact(rng, kind, used)
