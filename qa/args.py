@@ -4,7 +4,7 @@
 `HfArgumentParser`, from flags or from a single JSON file.
 """
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional
 
 
 @dataclass
@@ -19,6 +19,29 @@ class ModelArguments:
     cache_dir: Optional[str] = field(
         default=None, metadata={"help": "Where Hub downloads are cached (default: HF_HOME)."})
     model_revision: str = field(default="main")
+    attn_implementation: Optional[str] = field(
+        default=None,
+        metadata={"help": "Attention kernel passed to from_pretrained: 'sdpa' (PyTorch's fused "
+                  "scaled_dot_product_attention: flash / memory-efficient kernels on a GPU), 'eager' (the "
+                  "plain matmul-softmax-matmul), 'flash_attention_2' (needs the flash-attn package). "
+                  "Default: the library's choice (sdpa for BERT in transformers 5)."},
+    )
+    compile_dynamic: str = field(
+        default="auto",
+        metadata={"help": "With --torch_compile: how shapes that vary between batches are compiled. "
+                  "'auto': torch's default (a static graph for the first shape, one recompile with a "
+                  "symbolic length when the shape changes); 'true': symbolic batch and length from the start "
+                  "(one graph for every length); 'false': one static graph per distinct shape (only sensible "
+                  "with a few --length_buckets or a large --pad_to_multiple_of; the recompile limit is raised "
+                  "to cover them).",
+                  "choices": ["auto", "true", "false"]},
+    )
+    compile_regional: bool = field(
+        default=False,
+        metadata={"help": "With --torch_compile: compile each of the identical encoder layers (one compilation, "
+                  "reused by all of them) instead of the whole model as one graph: compile time drops about "
+                  "tenfold for bert-base, run time stays about the same."},
+    )
 
 
 @dataclass
@@ -47,6 +70,18 @@ class DataArguments:
     pad_to_max_length: bool = field(
         default=True, metadata={"help": "Pad every feature to max_seq_length (the reference); "
                                 "False pads each batch dynamically."})
+    pad_to_multiple_of: int = field(
+        default=8,
+        metadata={"help": "With pad_to_max_length false: each batch is padded to its longest feature, rounded "
+                  "up to a multiple of this (8: tensor-core friendly; 64: at most max_seq_length/64 distinct "
+                  "shapes, for static compiled graphs), and never beyond max_seq_length."},
+    )
+    length_buckets: Optional[List[int]] = field(
+        default=None,
+        metadata={"help": "With pad_to_max_length false: pad each batch to the smallest of these lengths that "
+                  "holds it (e.g. 128 192 256 384), instead of --pad_to_multiple_of. A batch longer than the "
+                  "largest bucket is padded to a multiple of --pad_to_multiple_of."},
+    )
     max_train_samples: Optional[int] = field(
         default=None, metadata={"help": "Keep the first N training questions (all their windows)."})
     max_eval_samples: Optional[int] = field(
@@ -68,3 +103,37 @@ class RunArguments:
         metadata={"help": "'auto': resume from the last checkpoint in output_dir if there is one; "
                   "'never': start fresh (old checkpoints are moved aside); or a checkpoint path."},
     )
+    telemetry: bool = field(
+        default=True,
+        metadata={"help": "Log step time, samples/s, real tokens/s, padding, data-loading share, MFU and peak "
+                  "memory to TensorBoard (train/perf/*) at every logging step, and their run totals to "
+                  "train_results.json."})
+    peak_tflops: Optional[float] = field(
+        default=None,
+        metadata={"help": "Peak dense TFLOP/s of one device for the run's precision, for MFU. Default: looked up "
+                  "from the GPU's name (A100, H100, H200, L40S, V100, ...); on a CPU MFU is null unless given."})
+    profile: bool = field(
+        default=False,
+        metadata={"help": "Profile a few training steps with torch.profiler (rank 0 only): operator table, "
+                  "Chrome/Perfetto trace and memory summary under output_dir/profile/."})
+    profile_wait: int = field(default=1, metadata={"help": "Optimizer steps skipped before each profiling cycle."})
+    profile_warmup: int = field(
+        default=1, metadata={"help": "Steps traced but discarded (profiler warm-up) in each cycle."})
+    profile_active: int = field(default=3, metadata={"help": "Steps recorded in each cycle."})
+    profile_repeat: int = field(
+        default=1, metadata={"help": "Profiling cycles (0: until training ends; each cycle writes its own files)."})
+    profile_with_stack: bool = field(
+        default=False, metadata={"help": "Record Python source locations in the trace (larger files)."})
+    checkpoint_on_sigterm: bool = field(
+        default=True,
+        metadata={"help": "On SIGTERM (SLURM time limit or preemption; job_ft3.sh/job_ddp.sh forward it on "
+                  "their --signal warning), every rank finishes the current optimizer step, a checkpoint "
+                  "of that step is saved, and the run exits with status 143 without evaluating; "
+                  "--resume auto continues from it. False: SIGTERM ends the process at once."})
+
+    def __post_init__(self):
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise ValueError(f"--peak_tflops must be positive, not {self.peak_tflops}")
+        if self.profile_wait < 0 or self.profile_warmup < 0 or self.profile_repeat < 0 or self.profile_active < 1:
+            raise ValueError("--profile_wait/--profile_warmup/--profile_repeat must be >= 0 and "
+                             "--profile_active >= 1")

@@ -40,8 +40,18 @@ def _table_digest(dataset) -> str:
     return h.hexdigest()
 
 
+# Per-call state of a fast tokenizer: every call sets it from its own arguments (which the key
+# holds as `params`), and tokenizing leaves it changed; hashing it made the key of a split depend
+# on what the process had tokenized before, so a rerun whose training split was a cache hit
+# missed the cache of its validation split.
+_TOKENIZER_CALL_STATE = ("truncation", "padding")
+
+
 def _tokenizer_digest(tokenizer) -> str:
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+    definition = json.loads(tokenizer.backend_tokenizer.to_str())
+    for key in _TOKENIZER_CALL_STATE:
+        definition.pop(key, None)
+    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 
 def features_key(examples, tokenizer, fn, params: dict) -> str:

@@ -56,6 +56,33 @@ def resolve_model_path(name: str, work_dir: Path) -> str:
     return name
 
 
+# Static graphs, one per distinct (batch, length) shape and per grad mode (training / evaluation),
+# need more than torch's default of 8 compilations per function, or the shapes beyond the limit
+# silently run uncompiled: 6 length buckets x 2 modes x (full + last partial batch) = 24.
+STATIC_RECOMPILE_LIMIT = 64
+
+
+def configure_compile(model_args) -> dict:
+    """How the Trainer's `--torch_compile` compiles: the Trainer (transformers 5.23) hands
+    accelerate a TorchDynamoPlugin with `dynamic=None` and no regional option, and the plugin
+    fills unset fields from ACCELERATE_DYNAMO_* variables, which is how these two settings
+    reach it. Returns what it set. Without --torch_compile nothing reads them."""
+    settings = {}
+    dynamic = getattr(model_args, "compile_dynamic", "auto")
+    if dynamic not in ("auto", "true", "false"):
+        raise InputError(f"compile_dynamic={dynamic}", "unknown value", "use auto, true or false")
+    if dynamic != "auto":
+        settings["ACCELERATE_DYNAMO_USE_DYNAMIC"] = dynamic
+    if getattr(model_args, "compile_regional", False):
+        settings["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "true"
+    os.environ.update(settings)
+    if dynamic == "false":
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
+    return settings
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
@@ -69,9 +96,13 @@ def load_model_and_tokenizer(model_args, work_dir: Path):
         raise InputError(path, "model folder does not exist",
                          "pass a folder with config.json and weights, a Hub id, or bundled:minilm")
     kwargs = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
+    model_kwargs = {}
+    if getattr(model_args, "attn_implementation", None):
+        model_kwargs["attn_implementation"] = model_args.attn_implementation
+    configure_compile(model_args)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or path, **kwargs)
-        model = AutoModelForQuestionAnswering.from_pretrained(path, **kwargs)
+        model = AutoModelForQuestionAnswering.from_pretrained(path, **kwargs, **model_kwargs)
     except (OSError, ValueError) as err:
         if looks_local:
             raise InputError(path, f"cannot load a model from this folder ({str(err).splitlines()[0]})",

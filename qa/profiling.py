@@ -1,0 +1,143 @@
+"""Profiling a few training steps with torch.profiler, as a Trainer callback.
+
+`--profile true` starts the profiler at train begin and advances its schedule at each optimizer
+step end: `--profile_wait` steps skipped, `--profile_warmup` traced and discarded, then
+`--profile_active` steps recorded, `--profile_repeat` times (0: until training ends). Only those
+steps are recorded, so memory stays bounded (a whole run's trace would not fit). Only the world
+process zero profiles under DDP; the other ranks train untouched.
+
+Each recorded cycle writes, under `output_dir/profile/` (cycle 1 without suffix, later cycles
+with `-cycle<k>`):
+- `operators.txt`: `key_averages().table()` sorted by self device time on a GPU
+  (`self_device_time_total`, the former `self_cuda_time_total`), by self CPU time without one;
+- `trace.json`: Chrome trace (open in https://ui.perfetto.dev or chrome://tracing);
+- `memory.txt`: operators by the memory they allocate (`profile_memory=True`), and on a GPU the
+  peak allocated memory and `torch.cuda.memory_summary()`; on a CPU the process's peak RSS;
+- `profile.json`: which global steps each cycle recorded, the device and the files.
+
+The profiler records, it does not change what is computed: a run gives the same loss and
+metrics with and without it (tests/test_profiling.py). It does slow the steps it records, so
+throughput figures of a profiled run (train/perf/*) include that overhead around those steps.
+"""
+import logging
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from .io import atomic_write_json, atomic_write_text
+from .telemetry import gib, max_rss_gib
+
+logger = logging.getLogger(__name__)
+PROFILE_DIR = "profile"
+
+
+class ProfilerCallback(TrainerCallback):
+    def __init__(self, output_dir, wait=1, warmup=1, active=3, repeat=1, with_stack=False, row_limit=40):
+        self.dir = Path(output_dir) / PROFILE_DIR
+        self.wait, self.warmup, self.active, self.repeat = wait, warmup, active, repeat
+        self.with_stack, self.row_limit = with_stack, row_limit
+        self.prof = None
+        self.overhead_s = 0.0  # host time spent here, for qa.callbacks.TelemetryCallback to set aside
+        self.cycles = []  # [{"cycle": k, "global_steps": [...], "files": [...]}]
+        self._recording = []  # global steps recorded in the current cycle
+        self._cuda = False
+
+    # -- the schedule ----------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        start = time.perf_counter()
+        self._cuda = torch.cuda.is_available() and getattr(args.device, "type", "") == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.prof = profile(
+            activities=activities,
+            schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=self.repeat),
+            on_trace_ready=self._write, record_shapes=True, profile_memory=True, with_stack=self.with_stack)
+        self.prof.start()
+        logger.info("profiling steps %d..%d of each %d-step cycle (%s cycles) into %s",
+                    self.wait + self.warmup + 1, self.wait + self.warmup + self.active,
+                    self.wait + self.warmup + self.active, self.repeat or "all", self.dir)
+        self.overhead_s += time.perf_counter() - start
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.prof is None:
+            return
+        from torch.profiler import ProfilerAction
+
+        start = time.perf_counter()
+        if self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
+            self._recording.append(state.global_step)  # the step that just ended was recorded
+        self.prof.step()  # writes the files when a cycle's last active step ends
+        if self.repeat and len(self.cycles) >= self.repeat:
+            self._stop()
+        self.overhead_s += time.perf_counter() - start
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.prof is None:
+            return
+        start = time.perf_counter()
+        self._stop()  # a cycle cut short by the end of training still writes what it recorded
+        if not self.cycles:
+            logger.warning("profiling: training ended after %d steps, before the first recorded step "
+                           "(--profile_wait %d + --profile_warmup %d); nothing was written",
+                           state.global_step, self.wait, self.warmup)
+        self.overhead_s += time.perf_counter() - start
+
+    def _stop(self):
+        if self.prof is not None:
+            prof, self.prof = self.prof, None
+            prof.stop()
+
+    def summary(self) -> dict:
+        """Merged into train_results.json by run_qa.py."""
+        if not self.cycles:
+            return {}
+        return {"train_profiled_steps": [s for c in self.cycles for s in c["global_steps"]],
+                "train_profile_dir": str(self.dir)}
+
+    # -- the files -------------------------------------------------------------------------
+
+    def _write(self, prof):
+        import torch
+
+        k = len(self.cycles) + 1
+        suffix = "" if k == 1 else f"-cycle{k}"
+        steps, self._recording = self._recording, []
+        averages = prof.key_averages()
+        device_sort = "self_device_time_total" if self._cuda else "self_cpu_time_total"
+        files = {"operators": f"operators{suffix}.txt", "trace": f"trace{suffix}.json",
+                 "memory": f"memory{suffix}.txt"}
+        header = (f"torch.profiler, training steps {steps} (global step numbers), "
+                  f"{'CPU + CUDA' if self._cuda else 'CPU only'}; sorted by {device_sort}\n\n")
+        atomic_write_text(self.dir / files["operators"],
+                          header + averages.table(sort_by=device_sort, row_limit=self.row_limit) + "\n")
+        prof.export_chrome_trace(str(self.dir / files["trace"]))
+
+        mem_sort = "self_device_memory_usage" if self._cuda else "self_cpu_memory_usage"
+        lines = [f"Memory of training steps {steps}", ""]
+        if self._cuda:
+            lines += [f"peak allocated (torch.cuda.max_memory_allocated): "
+                      f"{gib(torch.cuda.max_memory_allocated()):.3f} GiB",
+                      f"peak reserved (torch.cuda.max_memory_reserved): "
+                      f"{gib(torch.cuda.max_memory_reserved()):.3f} GiB", ""]
+        rss = max_rss_gib()
+        lines += [f"process peak RSS (host memory): {'n/a' if rss is None else f'{rss:.3f} GiB'}", "",
+                  f"Operators by the memory they allocate themselves ({mem_sort}; negative: freed):", "",
+                  averages.table(sort_by=mem_sort, row_limit=self.row_limit)]
+        if self._cuda:
+            lines += ["", "torch.cuda.memory_summary():", "", torch.cuda.memory_summary()]
+        atomic_write_text(self.dir / files["memory"], "\n".join(lines) + "\n")
+
+        self.cycles.append({"cycle": k, "global_steps": steps, "files": files})
+        atomic_write_json(self.dir / "profile.json", {
+            "schedule": {"wait": self.wait, "warmup": self.warmup, "active": self.active, "repeat": self.repeat},
+            "device": torch.cuda.get_device_name() if self._cuda else "cpu",
+            "cycles": self.cycles,
+            "open_trace_in": "https://ui.perfetto.dev or chrome://tracing"})
+        logger.info("profiling: steps %s written to %s", steps, self.dir)

@@ -1,0 +1,100 @@
+"""Profiling: a real tiny run with --profile writes the operator table, a valid Chrome trace and
+a memory summary for the scheduled steps only, and trains exactly as the run without it."""
+import json
+
+import pytest
+
+from tests.test_telemetry import PLAIN, tiny_run
+
+# The profiled run differs from the plain one only in --profile (and in giving no --peak_tflops,
+# which only changes a reported figure: the CPU has no peak, so MFU must be null).
+PROFILE = ("--profile", "true", "--profile_wait", "1", "--profile_warmup", "1", "--profile_active", "3",
+           "--profile_repeat", "1")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tiny_run(tmp_path_factory, *PLAIN), tiny_run(tmp_path_factory, "profiled", *PROFILE)
+
+
+def results(out):
+    return json.loads((out / "all_results.json").read_text())
+
+
+def test_profile_files(runs):
+    _, out = runs
+    folder = out / "profile"
+    assert sorted(p.name for p in folder.iterdir()) == ["memory.txt", "operators.txt", "profile.json", "trace.json"]
+    table = (folder / "operators.txt").read_text()
+    assert "aten::" in table and "aten::addmm" in table and "self_cpu_time_total" in table
+    trace = json.loads((folder / "trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert len(events) > 100 and any(str(e.get("name", "")).startswith("aten::") for e in events)
+    assert any(str(e.get("name", "")).startswith("ProfilerStep#") for e in events)
+    memory = (folder / "memory.txt").read_text()
+    assert "self_cpu_memory_usage" in memory and "aten::" in memory and "peak RSS" in memory
+
+
+def test_only_the_scheduled_steps_are_recorded(runs):
+    _, out = runs
+    index = json.loads((out / "profile" / "profile.json").read_text())
+    assert [c["global_steps"] for c in index["cycles"]] == [[3, 4, 5]]  # wait 1, warmup 1, active 3
+    trace = json.loads((out / "profile" / "trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    assert len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) == 3
+    assert results(out)["train_profiled_steps"] == [3, 4, 5]
+
+
+def test_profiling_does_not_change_training(runs):
+    plain, profiled = runs
+    a, b = results(plain), results(profiled)
+    for key in ("train_loss", "eval_f1", "eval_exact_match", "eval_loss"):
+        assert a[key] == b[key], key
+    losses = [[e["loss"] for e in json.loads((o / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+              for o in runs]
+    assert losses[0] == losses[1] and len(losses[0]) >= 5
+    assert not (plain / "profile").exists()
+
+
+def test_cpu_mfu_is_null_without_peak(runs):
+    _, out = runs
+    res = results(out)
+    assert res["train_mfu"] is None and res["train_peak_tflops"] is None
+    assert "--peak_tflops" in res["train_peak_tflops_source"]
+    assert res["train_tflops_per_device"] > 0
+
+
+def test_training_shorter_than_the_schedule_writes_nothing(tmp_path, caplog):
+    """In-process, on a fake state: the profiler starts and stops cleanly when training ends
+    before its first recorded step."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from qa.profiling import ProfilerCallback
+
+    cb = ProfilerCallback(tmp_path, wait=5, warmup=1, active=1)
+    args = SimpleNamespace(device=torch.device("cpu"))
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0)
+    cb.on_train_begin(args, state, None)
+    for _ in range(2):
+        torch.ones(4).sum()
+        state.global_step += 1
+        cb.on_step_end(args, state, None)
+    cb.on_train_end(args, state, None)
+    assert cb.prof is None and cb.summary() == {}
+    assert not list((tmp_path / "profile").iterdir())
+    assert "before the first recorded step" in caplog.text
+
+
+def test_other_ranks_do_not_profile(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from qa.profiling import ProfilerCallback
+
+    cb = ProfilerCallback(tmp_path)
+    cb.on_train_begin(SimpleNamespace(device=torch.device("cpu")),
+                      SimpleNamespace(is_world_process_zero=False, global_step=0), None)
+    assert cb.prof is None and not (tmp_path / "profile").exists()

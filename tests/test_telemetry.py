@@ -1,0 +1,276 @@
+"""Throughput telemetry: the formulas on hand-made numbers, the callback on hand-made batches,
+and a real tiny run that must log train/perf/* to TensorBoard and summarise them in
+all_results.json. No timing asserts: only that the figures exist and are sane.
+
+`tiny_run` is shared with tests/test_profiling.py and tests/test_plot_tb.py, so each tiny run
+(about 10 s of imports alone) happens once per test session."""
+import json
+import math
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tests.helpers import REPO
+
+TINY = [
+    "--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic",
+    "--synthetic_train_examples", "200", "--synthetic_eval_examples", "50",
+    "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32",
+    "--do_train", "--do_eval", "--use_cpu", "true", "--per_device_train_batch_size", "16",
+    "--logging_steps", "2", "--num_train_epochs", "1", "--seed", "3",
+]
+_RUNS = {}
+
+
+def tiny_run(tmp_path_factory, name, *extra):
+    """The output folder of `run_qa.py TINY + extra`, run once per session and name."""
+    key = (str(tmp_path_factory.getbasetemp()), name)
+    if key not in _RUNS:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1",
+                   HF_HOME=str(tmp_path_factory.getbasetemp() / "hf_home"))
+        env.pop("TENSORBOARD_LOGGING_DIR", None)
+        out = tmp_path_factory.mktemp(name)
+        proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *TINY, *extra, "--output_dir", str(out)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        _RUNS[key] = out
+    return _RUNS[key]
+
+
+# The plain run reports MFU against a made-up peak (CPUs have none in the table).
+PLAIN = ("plain", "--peak_tflops", "0.5")
+
+
+def scalars(out):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found = {}
+    for folder in sorted({p.parent for p in (out / "runs").rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            found.setdefault(tag, []).extend(e.value for e in acc.Scalars(tag))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Formulas
+
+
+def test_token_stats_and_train_throughput():
+    from datasets import Dataset
+
+    from qa.telemetry import token_stats, train_throughput
+
+    features = Dataset.from_dict({"attention_mask": [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]})
+    stats = token_stats(features)
+    assert stats == {"features": 3, "real_tokens": 9, "padded_tokens": 12, "mean_real_tokens": 3.0,
+                     "padding_fraction": 0.25}
+    extra = train_throughput({"train_samples_per_second": 10.0}, stats, 2)
+    assert extra["train_real_tokens_per_second"] == 30.0 and extra["train_examples"] == 2
+
+
+def test_elementary_formulas():
+    from qa.telemetry import gib, mfu, padding_fraction, rate, share
+
+    assert rate(10, 4) == 2.5 and rate(10, 0) is None
+    assert share(1, 4) == 0.25 and share(5, 4) == 1.0 and share(-1, 4) == 0.0 and share(1, 0) is None
+    assert padding_fraction(75, 100) == 0.25 and padding_fraction(0, 0) is None
+    assert gib(3 * 2 ** 30) == 3.0 and gib(None) is None
+    assert mfu(6e12, 2.0, 10e12) == 0.3 and mfu(6e12, 2.0, None) is None and mfu(1, 0, 1e12) is None
+
+
+def test_flops_formulas():
+    from qa.telemetry import flops_per_token, model_flops
+
+    # bert-base: 85M non-embedding parameters, 12 layers, hidden 768, 384 tokens
+    assert flops_per_token(85_000_000, 12, 768, 384) == 6 * 85_000_000 + 12 * 12 * 768 * 384
+    # two sequences of 3 and 5 real tokens: per-token formula summed over their tokens
+    n, layers, hidden = 100, 2, 4
+    expected = 3 * flops_per_token(n, layers, hidden, 3) + 5 * flops_per_token(n, layers, hidden, 5)
+    assert model_flops(n, layers, hidden, real_tokens=8, sum_sq_lengths=9 + 25) == expected
+
+
+def test_peak_table():
+    from qa.telemetry import peak_flops
+
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == (312e12, "A100 bf16 dense")
+    assert peak_flops("NVIDIA A100-PCIE-40GB", "fp32")[0] == 19.5e12
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16")[0] == 989e12
+    assert peak_flops("NVIDIA H100 PCIe", "bf16")[0] == 756e12
+    assert peak_flops("NVIDIA H200", "tf32")[0] == 494e12
+    assert peak_flops("NVIDIA L40S", "bf16")[0] == 362e12
+    assert peak_flops("NVIDIA L4", "fp16")[0] == 121e12
+    assert peak_flops("Tesla V100-SXM2-32GB", "fp16")[0] == 125e12
+    value, why = peak_flops("Tesla V100-SXM2-32GB", "bf16")
+    assert value is None and "bf16" in why  # V100 has no bf16 tensor cores
+    value, why = peak_flops(None, "fp32")
+    assert value is None and "--peak_tflops" in why  # CPU: MFU null unless given
+    assert peak_flops(None, "fp32", override_tflops=2.5) == (2.5e12, "--peak_tflops 2.5")
+    assert peak_flops("Some Future GPU", "bf16")[0] is None
+
+
+def test_matmul_precision():
+    from qa.telemetry import matmul_precision
+
+    assert matmul_precision(bf16=True) == "bf16" and matmul_precision(fp16=True) == "fp16"
+    assert matmul_precision(tf32=True) == "tf32" and matmul_precision(tf32=False) == "fp32"
+
+
+def test_perf_metrics():
+    from qa.telemetry import perf_metrics
+
+    perf = perf_metrics(steps=4, samples=64, real_tokens=600, batch_tokens=800, flops=3e12, step_s=3.0,
+                        data_s=1.0, peak_flops_per_s=1e12, world_size=2)
+    assert perf["step_time_s"] == 0.75
+    assert perf["samples_per_s"] == 64 / 4 * 2 and perf["real_tokens_per_s"] == 600 / 4 * 2
+    assert perf["padding_fraction"] == 0.25 and perf["data_time_share"] == 0.25
+    assert perf["tflops_per_device"] == 0.75 and perf["mfu"] == 0.75
+    empty = perf_metrics(steps=0, samples=0, real_tokens=0, batch_tokens=0, flops=0, step_s=0.0, data_s=0.0)
+    assert all(v is None for v in empty.values()), empty
+
+
+def test_model_shape_skips_embeddings():
+    import torch
+
+    from qa.telemetry import model_shape
+
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 4))
+    model.config = SimpleNamespace(num_hidden_layers=3, hidden_size=8)
+    assert model_shape(model) == {"non_embedding_params": 8 * 4 + 4, "layers": 3, "hidden": 8}
+
+
+# ---------------------------------------------------------------------------------------------
+# The callback on hand-made batches (no Trainer)
+
+
+class _Tiny:
+    def __init__(self):
+        import torch
+
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(2, 2)
+                self.config = SimpleNamespace(num_hidden_layers=1, hidden_size=2, pad_token_id=0)
+
+            def forward(self, input_ids=None, attention_mask=None):
+                return input_ids
+
+        self.model = M()
+        self.args = SimpleNamespace(device=torch.device("cpu"), bf16=False, fp16=False, tf32=False, world_size=1)
+        self.state = SimpleNamespace(log_history=[], global_step=0)
+
+
+def test_callback_counts_the_batches_the_model_sees():
+    import torch
+
+    from qa.callbacks import TelemetryCallback
+
+    t = _Tiny()
+    cb = TelemetryCallback(peak_tflops=1.0)
+    cb.on_train_begin(t.args, t.state, None, model=t.model)
+    batches = [torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]), torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])]
+    for mask in batches:
+        cb.on_step_begin(t.args, t.state, None)
+        t.model(input_ids=mask * 5, attention_mask=mask)
+        t.state.global_step += 1
+        cb.on_step_end(t.args, t.state, None)
+    t.model.eval()
+    t.model(input_ids=batches[0], attention_mask=batches[0])  # evaluation batches do not count
+    t.model.train()
+    logs = {"loss": 1.0}
+    t.state.log_history.append({**logs, "step": t.state.global_step})
+    cb.on_log(t.args, t.state, None, logs=logs)
+    assert logs["perf/padding_fraction"] == 0.375  # 10 real tokens in 16 positions
+    assert logs["perf/step_time_s"] >= 0 and 0 <= logs["perf/data_time_share"] <= 1
+    assert logs["perf/samples_per_s"] > 0 and logs["perf/real_tokens_per_s"] > 0 and logs["perf/mfu"] > 0
+    assert "perf/padding_fraction" in t.state.log_history[-1]  # trainer_state.json gets them too
+    # without attention_mask: padding from the pad token id
+    cb.on_step_begin(t.args, t.state, None)
+    t.model(input_ids=torch.tensor([[7, 7, 0, 0]]))
+    cb.on_step_end(t.args, t.state, None)
+    cb.on_train_end(t.args, t.state, None)
+    summary = cb.summary()
+    assert summary["train_real_tokens_batches"] == 12
+    assert summary["train_padding_fraction_batches"] == 0.4  # 12 real tokens in 20 positions
+    # model FLOPs: 6 x 6 params x 12 tokens + 12 x 1 layer x 2 hidden x (3²+2²+4²+1²+2²)
+    assert summary["train_model_flops"] == 6 * 6 * 12 + 12 * 1 * 2 * (9 + 4 + 16 + 1 + 4)
+    assert summary["train_peak_tflops"] == 1.0 and summary["train_peak_memory_gib"] is None
+    assert t.model._forward_pre_hooks == {}  # removed at train end
+
+
+def test_callback_moves_ahead_of_the_reporting_callbacks():
+    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+    from qa.callbacks import TelemetryCallback
+
+    class Reporter(DefaultFlowCallback):
+        pass
+
+    cb = TelemetryCallback()
+    handler = CallbackHandler([DefaultFlowCallback, Reporter(), cb], None, None, None, None)
+    handler.on_init_end(SimpleNamespace(), SimpleNamespace(), SimpleNamespace())
+    assert handler.callbacks[0] is cb
+
+
+def test_run_callbacks_follow_the_arguments():
+    from qa.args import RunArguments
+    from qa.callbacks import TelemetryCallback, run_callbacks
+    from qa.profiling import ProfilerCallback
+
+    training_args = SimpleNamespace(output_dir="x")
+    kinds = [type(c) for c in run_callbacks(RunArguments(profile=True), training_args)]
+    assert kinds == [TelemetryCallback, ProfilerCallback]
+    assert run_callbacks(RunArguments(telemetry=False), training_args) == []
+    with pytest.raises(ValueError):
+        RunArguments(profile_active=0)
+    with pytest.raises(ValueError):
+        RunArguments(peak_tflops=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# A real run
+
+PERF_TAGS = ("step_time_s", "samples_per_s", "real_tokens_per_s", "padding_fraction", "data_time_share",
+             "tflops_per_device", "mfu", "peak_rss_gib")
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    return tiny_run(tmp_path_factory, *PLAIN)
+
+
+def test_perf_scalars_in_tensorboard(plain):
+    found = scalars(plain)
+    for tag in PERF_TAGS:
+        values = found.get(f"train/perf/{tag}")
+        assert values and all(math.isfinite(v) for v in values), (tag, sorted(found))
+    assert len(found["train/perf/samples_per_s"]) == len(found["train/loss"])  # every logging step
+    assert all(0 <= v < 1 for v in found["train/perf/padding_fraction"])
+    assert all(0 <= v <= 1 for v in found["train/perf/data_time_share"])
+    assert all(v > 0 for v in found["train/perf/real_tokens_per_s"] + found["train/perf/samples_per_s"])
+    assert "train/perf/peak_mem_gib" not in found  # no GPU here
+
+
+def test_perf_summary_in_results(plain):
+    res = json.loads((plain / "all_results.json").read_text())
+    assert res == {**json.loads((plain / "train_results.json").read_text()), **res}
+    assert 0 <= res["train_padding_fraction_batches"] < 1
+    # features padded to max_seq_length: the batches' padding is the features' padding
+    assert res["train_padding_fraction_batches"] == pytest.approx(res["train_padding_fraction"], abs=1e-4)
+    assert 0 <= res["train_data_loading_share"] <= 1
+    assert res["train_step_time_mean_s"] > 0 and res["train_real_tokens_per_second_measured"] > 0
+    # one epoch: every feature once (train_mean_real_tokens is rounded to 2 decimals)
+    assert abs(res["train_real_tokens_batches"] - res["train_mean_real_tokens"] * res["train_features"]) \
+        <= 0.005 * res["train_features"]
+    assert res["train_model_flops"] > 0 and res["train_tflops_per_device"] > 0
+    assert res["train_mfu"] == pytest.approx(res["train_tflops_per_device"] / 0.5, rel=1e-2)
+    assert res["train_peak_tflops_source"] == "--peak_tflops 0.5"
+    assert res["train_peak_memory_gib"] is None and res["train_peak_rss_gib"] > 0  # CPU
+    assert "MFU" in (plain / "results.md").read_text()
+    log = json.loads((plain / "trainer_state.json").read_text())["log_history"]
+    assert all("perf/samples_per_s" in entry for entry in log if "loss" in entry)
