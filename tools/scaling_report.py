@@ -1,0 +1,561 @@
+#!/usr/bin/env python
+"""The scaling study's report: a Markdown table and a speedup plot from what the runs recorded.
+
+    python tools/scaling_report.py STUDY [--out DIR] [--no-slurm]
+
+STUDY is the folder tools/scaling_submit.sh made: STUDY/manifest.json lists every submitted
+job, and each run's output folder holds all_results.json and environment.json (qa/records.py).
+Writes into DIR (default STUDY), atomically:
+- scaling_report.md: a header (GPUs, hosts, versions, dates, config, git commit, from the runs'
+  environment.json), one row per (strategy, nodes, GPUs per node): runs ok / expected, global
+  batch, median training time (train_runtime) and its min-max, median wall clock
+  (WALL_CLOCK_SECONDS), median samples/s, speedup (baseline median training time / this median
+  training time) and parallel efficiency (speedup / GPUs) against the 1x1 baseline, F1 (median,
+  and min-max when they differ); then every failed, incomplete or missing run with its reason
+  (none is dropped silently), and one line per completed run;
+- scaling_speedup.png: speedup against number of GPUs, a line per strategy and node count
+  through the medians, a dot per repeat, and the ideal y = x;
+- scaling_summary.json: the same figures, unrounded.
+
+A run counts only when its all_results.json has train_runtime, and environment.json shows the
+world size, node count, strategy and job id its cell asked for, in one go (not resumed after a
+requeue; else "mismatch" or "resumed"). A run without results is reported with the job's state
+from `scontrol show job` (or `sacct` once slurmctld has forgotten the job): "incomplete" or
+"failed"; where SLURM does not answer, as "no results" ("missing" when its output folder does
+not exist). --no-slurm skips asking.
+
+Exit status 0, or 2 with a one-line `error:` message when STUDY has no manifest or no run has
+usable results.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from qa.io import atomic_write_json, atomic_write_text  # noqa: E402
+
+REPORT, PLOT, SUMMARY = "scaling_report.md", "scaling_speedup.png", "scaling_summary.json"
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+          "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
+# "Key=Value" pairs of `scontrol -o`; values may hold '=' (TRES=cpu=1,...) or spaces.
+_KV = re.compile(r"(?:^|\s)([A-Za-z][\w:/.]*)=(.*?)(?=\s[A-Za-z][\w:/.]*=|$)")
+
+
+class StudyError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def load_manifest(study: Path) -> dict:
+    path = study / "manifest.json"
+    if not study.is_dir():
+        raise StudyError(f"{study}: no such folder")
+    if not path.is_file():
+        raise StudyError(f"{study}: no manifest.json, so not a study folder "
+                         "(tools/scaling_submit.sh writes it when it submits the jobs)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise StudyError(f"{path}: unreadable ({err})") from None
+    runs = manifest.get("runs") if isinstance(manifest, dict) else None
+    if not runs:
+        raise StudyError(f"{path}: lists no runs")
+    for i, run in enumerate(runs):
+        missing = [k for k in ("name", "strategy", "nodes", "gpus_per_node") if k not in run]
+        if missing:
+            raise StudyError(f"{path}: run #{i + 1} lacks {', '.join(missing)}")
+    return manifest
+
+
+def _read_json(path: Path):
+    """(object, None), or (None, why not)."""
+    if not path.is_file():
+        return None, f"no {path.name}"
+    try:
+        return json.loads(path.read_text()), None
+    except (OSError, json.JSONDecodeError) as err:
+        return None, f"{path.name} unreadable ({err})"
+
+
+def _number(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def read_run(study: Path, entry: dict) -> dict:
+    """The manifest entry plus what its folder holds, and `problem` when it does not count."""
+    folder = study / entry["name"]
+    if not folder.is_dir() and entry.get("output_dir"):
+        folder = Path(entry["output_dir"])   # a study moved elsewhere keeps its runs beside the manifest
+    run = dict(entry, folder=str(folder), gpus=int(entry["nodes"]) * int(entry["gpus_per_node"]),
+               results=None, env=None, problem=None, missing=False, log_tail="")
+    if not folder.is_dir():
+        run.update(problem="no output folder", missing=True)
+        return run
+    run["env"], _ = _read_json(folder / "environment.json")
+    results, why = _read_json(folder / "all_results.json")
+    logs = sorted(folder.glob("slurm-*.*"))
+    if results is None and run["env"] is None and not logs:   # tools/scaling_submit.sh made it empty
+        run.update(problem="output folder empty: the job never started", missing=True)
+    elif results is None and run["env"] is None:
+        run["problem"] = f"the job started ({logs[0].name}) but run_qa.py wrote nothing"
+    elif results is None:
+        run["problem"] = f"started (environment.json written) but {why}: training did not finish"
+    elif _number(results.get("train_runtime")) is None:
+        run["problem"] = "all_results.json has no train_runtime"
+    else:
+        run["results"] = results
+        run["problem"] = mismatch(run)
+        parts = _job_parts(folder / "job_time.jsonl")
+        if run["problem"] is None and len(parts) > 1:   # job_ddp.sh appends a line per run of the job
+            run["problem"] = (f"resumed: ran in {len(parts)} parts (job_time.jsonl: "
+                              + ", ".join(f"job {p.get('job_id')} {p.get('outcome')}" for p in parts)
+                              + "), train_runtime covers the last part only")
+    if run["problem"] and run["results"] is None:
+        run["log_tail"] = _last_error(folder, entry.get("job_id"))
+    return run
+
+
+def _last_error(folder: Path, job_id) -> str:
+    """'; <log>: <its last line>' from the job's stderr (else stdout) log, or ''."""
+    for ext in ("err", "out"):
+        for log in sorted(folder.glob(f"slurm-{job_id or '*'}.{ext}"), reverse=True):
+            try:
+                lines = [x.strip() for x in log.read_text(errors="replace")[-20000:].splitlines() if x.strip()]
+            except OSError:
+                continue
+            if lines:
+                last = lines[-1] if len(lines[-1]) <= 200 else lines[-1][:197] + "..."
+                return f"; last line of {log.name}: `{last.replace('`', chr(39))}`"
+    return ""
+
+
+def _job_parts(path: Path) -> list:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def mismatch(run):
+    """Why a run with results does not measure its cell, or None: another world size, node
+    count or strategy than asked (from environment.json), or a run resumed after a requeue
+    (its train_runtime covers the last part only)."""
+    env = run["env"] or {}
+    if not env:
+        return None
+    world = (env.get("distributed") or {}).get("WORLD_SIZE") or "1"
+    slurm = env.get("slurm") or {}
+    cfg = env.get("config") or {}
+    if int(world) != run["gpus"]:
+        return f"ran with WORLD_SIZE={world}, the shape asks for {run['gpus']}"
+    if slurm.get("SLURM_NNODES") and int(slurm["SLURM_NNODES"]) != int(run["nodes"]):
+        return f"ran on {slurm['SLURM_NNODES']} node(s), the shape asks for {run['nodes']}"
+    if "fsdp" in cfg and bool(cfg["fsdp"]) != (run["strategy"] == "fsdp"):
+        return f"config fsdp={cfg['fsdp']!r} but the strategy is {run['strategy']}"
+    if run.get("job_id") and slurm.get("SLURM_JOB_ID") and slurm["SLURM_JOB_ID"] != str(run["job_id"]):
+        return f"results are from job {slurm['SLURM_JOB_ID']}, not from the submitted job {run['job_id']}"
+    if int(slurm.get("SLURM_RESTART_COUNT") or 0) > 0:
+        return (f"resumed after {slurm['SLURM_RESTART_COUNT']} requeue(s): train_runtime covers the "
+                "last part only")
+    return None
+
+
+def parse_kv(line: str) -> dict:
+    return {k: v for k, v in _KV.findall(line.strip())}
+
+
+class Slurm:
+    """Job states from scontrol (sacct for jobs slurmctld has purged); None when unknown.
+    Stops asking after the first sign that no controller answers."""
+
+    def __init__(self, enabled: bool):
+        self.reachable = bool(enabled and shutil.which("scontrol"))
+        self.asked = False
+
+    def _run(self, *cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    def state(self, job_id):
+        if not self.reachable or not job_id:
+            return None
+        self.asked = True
+        r = self._run("scontrol", "show", "job", "-o", str(job_id))
+        if r is not None and r.returncode == 0 and r.stdout.strip():
+            info = parse_kv(r.stdout.splitlines()[0])
+            if "JobState" in info:
+                return info
+        if r is None or "invalid job id" not in (r.stderr or "").lower():
+            self.reachable = False   # no controller: do not wait on it for every run
+            return None
+        if shutil.which("sacct"):   # purged from slurmctld (MinJobAge): ask accounting
+            r = self._run("sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "State,ExitCode,Reason")
+            if r is not None and r.returncode == 0 and r.stdout.strip():
+                state, code, reason = (r.stdout.splitlines()[0].split("|") + ["", ""])[:3]
+                return {"JobState": state.split()[0], "ExitCode": code, "Reason": reason}
+        return None
+
+
+def classify(run: dict, slurm: Slurm) -> None:
+    _classify(run, slurm)
+    run["reason"] += run["log_tail"]
+
+
+def _classify(run: dict, slurm: Slurm) -> None:
+    """Sets run['status'] (ok, incomplete, failed, missing, no results, mismatch, resumed) and run['reason']."""
+    if run["problem"] is None:
+        run["status"], run["reason"] = "ok", ""
+        return
+    if run["results"] is not None:   # results, but not a measurement of this cell
+        run["status"] = "resumed" if run["problem"].startswith("resumed") else "mismatch"
+        run["reason"] = run["problem"]
+        return
+    info = slurm.state(run.get("job_id"))
+    job = f"job {run.get('job_id', '?')}"
+    if info is None:
+        run["status"] = "missing" if run["missing"] else "no results"
+        known = "SLURM not asked" if not slurm.asked else (
+            "job unknown to SLURM" if slurm.reachable else "SLURM not reachable")
+        run["reason"] = f"{run['problem']}; {job} state unknown ({known})"
+        return
+    state = info["JobState"]
+    reason = info.get("Reason") if info.get("Reason") not in (None, "", "None") else None
+    if state in ACTIVE:
+        run["status"] = "incomplete"
+        run["reason"] = f"{job} {state}" + (f" ({reason})" if reason else "") + f"; {run['problem']}"
+    else:
+        run["status"] = "failed"
+        exit_code = info.get("ExitCode")
+        run["reason"] = (f"{job} {state}" + (f", exit code {exit_code}" if exit_code else "")
+                         + (f" ({reason})" if reason else "") + f"; {run['problem']}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def _spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+
+
+def global_batch(run):
+    cfg = (run["env"] or {}).get("config") or {}
+    per_device = _number(cfg.get("per_device_train_batch_size"))
+    if per_device is None:
+        return None
+    return int(per_device * run["gpus"] * (_number(cfg.get("gradient_accumulation_steps")) or 1))
+
+
+def group_rows(runs):
+    """One row per (strategy, nodes, gpus_per_node), in submission order of first appearance."""
+    groups = {}
+    for run in runs:
+        groups.setdefault((run["strategy"], int(run["nodes"]), int(run["gpus_per_node"])), []).append(run)
+    rows = []
+    for (strategy, nodes, per_node), members in groups.items():
+        ok = [r for r in members if r["status"] == "ok"]
+        res = [r["results"] for r in ok]
+
+        def col(key):
+            return [v for v in (_number(x.get(key)) for x in res) if v is not None]
+
+        rows.append({
+            "strategy": strategy, "nodes": nodes, "gpus_per_node": per_node, "gpus": nodes * per_node,
+            "expected": len(members), "ok": len(ok), "runs": [r["name"] for r in ok],
+            "global_batch": sorted({b for b in map(global_batch, ok) if b is not None}),
+            "train_runtime": _spread(col("train_runtime")),
+            "wall_clock": _spread(col("WALL_CLOCK_SECONDS")),
+            "samples_per_second": _spread(col("train_samples_per_second")),
+            "real_tokens_per_second": _spread(col("train_real_tokens_per_second")),
+            "eval_f1": _spread(col("eval_f1")), "eval_exact_match": _spread(col("eval_exact_match")),
+            "repeat_train_runtime": col("train_runtime"),
+        })
+    return rows
+
+
+def pick_baseline(rows, manifest):
+    want = manifest.get("baseline") or {}
+    candidates = [r for r in rows if r["gpus"] == 1 and r["ok"]]
+    for r in candidates:
+        if r["strategy"] == want.get("strategy", "ddp"):
+            return r
+    return candidates[0] if candidates else None
+
+
+def add_speedups(rows, baseline):
+    base = baseline["train_runtime"]["median"] if baseline else None
+    for r in rows:
+        r["baseline"] = r is baseline
+        if base and r["train_runtime"]:
+            r["speedup"] = base / r["train_runtime"]["median"]
+            r["efficiency"] = r["speedup"] / r["gpus"]
+            r["repeat_speedups"] = [base / t for t in r["repeat_train_runtime"]]
+        else:
+            r["speedup"] = r["efficiency"] = None
+            r["repeat_speedups"] = []
+    rows.sort(key=lambda r: (not r["baseline"], r["strategy"], r["gpus"], r["nodes"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _f(v, digits=1):
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def _counted(values):
+    """'a' or 'a (3 runs), b (2 runs)' when the runs disagree."""
+    c = Counter(v for v in values if v)
+    if not c:
+        return "unknown"
+    if len(c) == 1:
+        return next(iter(c))
+    return ", ".join(f"{v} ({n} run{'s' * (n > 1)})" for v, n in c.most_common())
+
+
+def _device(env):
+    dev = env.get("devices") or {}
+    gpus = dev.get("gpus") or []
+    if gpus:
+        mem = gpus[0].get("memory_gib")
+        return f"{gpus[0].get('name')}" + (f" ({mem} GiB)" if mem else "")
+    return f"no GPU: CPU ({dev.get('cpu_count')} cores)"
+
+
+def header(study, manifest, runs, slurm):
+    envs = [r["env"] for r in runs if r["env"] and r["status"] == "ok"]   # what the table is made of
+    versions = [e.get("versions") or {} for e in envs]
+    devs = [e.get("devices") or {} for e in envs]
+    cfgs = [e.get("config") or {} for e in envs]
+    started = sorted(e["started_utc"] for e in envs if e.get("started_utc"))
+    lines = [f"# Scaling study `{study.name}`", "",
+             f"Report written {datetime.now(timezone.utc).isoformat(timespec='seconds')} by "
+             f"`tools/scaling_report.py {study}`; {len(runs)} job(s) in `manifest.json` "
+             f"(submitted {manifest.get('created_utc', '?')} from {manifest.get('submit_host', '?')}).", ""]
+    items = [
+        ("runs started", f"{started[0]} … {started[-1]} (UTC)" if started else "unknown"),
+        ("GPUs", _counted(_device(e) for e in envs)),
+        ("hosts (rank 0)", _counted(e.get("host") for e in envs)),
+        ("node lists", ", ".join(sorted({(e.get("slurm") or {}).get("SLURM_JOB_NODELIST", "")
+                                         for e in envs} - {""})) or "unknown"),
+        ("Python / torch / CUDA", _counted(
+            f"{v.get('python')} / {v.get('torch')} / {d.get('torch_cuda') or 'no CUDA'}"
+            for v, d in zip(versions, devs))),
+        ("transformers / datasets / accelerate", _counted(
+            f"{v.get('transformers')} / {v.get('datasets')} / {v.get('accelerate')}" for v in versions)),
+        ("git commit", _counted(e.get("git_commit") for e in envs)),
+        ("config", f"`{manifest.get('config')}`" + (f" + `{' '.join(manifest['run_args'])}`"
+                                                    if manifest.get("run_args") else "")),
+        ("model / data", _counted(f"{c.get('model_name_or_path')} / {c.get('dataset_name') or c.get('train_file')}"
+                                  for c in cfgs)),
+        ("epochs / max_seq_length / per-device batch", _counted(
+            f"{c.get('num_train_epochs')} / {c.get('max_seq_length')} / {c.get('per_device_train_batch_size')}"
+            for c in cfgs)),
+        ("GLOBAL_BATCH asked", manifest.get("global_batch") or "not set (the config's per-device batch on every GPU)"),
+        ("job script / sbatch options", f"`{manifest.get('job_script')}` "
+                                        f"`{' '.join(manifest.get('sbatch_args') or []) or '(none)'}`"),
+        ("job states", "from SLURM (scontrol/sacct)" if slurm.asked and slurm.reachable else
+         "SLURM not reachable" if slurm.asked else "not asked (every run has results, or --no-slurm)"),
+    ]
+    lines += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in items] + [""]
+    return lines
+
+
+def table(rows, baseline):
+    lines = ["## Scaling", "",
+             "| strategy | nodes × GPUs | GPUs | runs ok / expected | global batch | training time, median (s) "
+             "| training time, min–max (s) | wall clock, median (s) | samples/s, median | speedup | efficiency "
+             "| F1, median (min–max) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        t, f1 = r["train_runtime"], r["eval_f1"]
+        spread = f"{_f(t['min'])}–{_f(t['max'])}" if t else "—"
+        f1_text = "—" if not f1 else _f(f1["median"], 2) + (
+            f" ({_f(f1['min'], 2)}–{_f(f1['max'], 2)})" if f1["min"] != f1["max"] else "")
+        shape = f"{r['nodes']}×{r['gpus_per_node']}" + (" (baseline)" if r["baseline"] else "")
+        eff = "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.1f} %"
+        lines.append(
+            f"| {r['strategy']} | {shape} | {r['gpus']} | {r['ok']} / {r['expected']} | "
+            f"{'/'.join(map(str, r['global_batch'])) or '—'} | {_f(t and t['median'])} | {spread} | "
+            f"{_f(r['wall_clock'] and r['wall_clock']['median'])} | "
+            f"{_f(r['samples_per_second'] and r['samples_per_second']['median'])} | "
+            f"{_f(r['speedup'], 2)} | {eff} | "
+            f"{f1_text} |")
+    lines.append("")
+    if baseline:
+        lines.append(f"Speedup = median training time (`train_runtime`) of the {baseline['nodes']}×"
+                     f"{baseline['gpus_per_node']} {baseline['strategy']} baseline "
+                     f"({_f(baseline['train_runtime']['median'])} s, {baseline['ok']} run(s)) / the row's median "
+                     "training time; efficiency = speedup / GPUs (100 % = ideal). Medians over the completed "
+                     "repeats; the wall clock also counts start-up, data loading, evaluation and saving.")
+    else:
+        lines.append("**No completed 1×1 baseline run: speedup and efficiency cannot be computed.**")
+    batches = {b for r in rows for b in r["global_batch"]}
+    if len(batches) > 1:
+        lines.append("")
+        lines.append(f"**The global batch differs between rows ({', '.join(map(str, sorted(batches)))})**: "
+                     "those rows take different numbers of optimizer steps, so their speedups compare "
+                     "different training runs (see F1). Submit with `--global-batch N` to hold it fixed.")
+    return lines + [""]
+
+
+def problems_section(runs):
+    bad = [r for r in runs if r["status"] != "ok"]
+    lines = ["## Failed, incomplete and missing runs", ""]
+    if not bad:
+        return lines + [f"None: all {len(runs)} runs completed.", ""]
+    lines += ["Not counted in the table above.", "", "| run | job | status | reason |", "|---|---|---|---|"]
+    lines += [f"| {r['name']} | {r.get('job_id', '?')} | {r['status']} | {r['reason'].replace('|', '&#124;')} |"
+              for r in bad]
+    return lines + [""]
+
+
+def runs_section(runs, base_median):
+    ok = [r for r in runs if r["status"] == "ok"]
+    lines = ["## Completed runs", "",
+             "| run | job | node list | training time (s) | wall clock (s) | samples/s | real tokens/s | speedup* "
+             "| F1 | EM |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in ok:
+        x = r["results"]
+        node_list = ((r["env"] or {}).get("slurm") or {}).get("SLURM_JOB_NODELIST", "—")
+        speed = base_median / x["train_runtime"] if base_median else None
+        lines.append(f"| {r['name']} | {r.get('job_id', '?')} | {node_list} | {_f(x['train_runtime'])} | "
+                     f"{_f(_number(x.get('WALL_CLOCK_SECONDS')))} | {_f(_number(x.get('train_samples_per_second')))} | "
+                     f"{_f(_number(x.get('train_real_tokens_per_second')), 0)} | {_f(speed, 2)} | "
+                     f"{_f(_number(x.get('eval_f1')), 2)} | {_f(_number(x.get('eval_exact_match')), 2)} |")
+    return lines + ["", "\\* this run against the baseline's median.", ""]
+
+
+def unlisted(study, manifest):
+    listed = {r["name"] for r in manifest["runs"]}
+    return sorted(p.name for p in study.iterdir()
+                  if p.is_dir() and p.name not in listed and (p / "all_results.json").is_file())
+
+
+def plot(rows, baseline, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5.2))
+    top = max(r["gpus"] for r in rows)
+    ax.plot([1, top], [1, top], ":", color="grey", label="ideal (speedup = GPUs)")
+    ax.scatter([1 - 0.06] * len(baseline["repeat_speedups"]), baseline["repeat_speedups"], s=12,
+               color="black", alpha=0.6, zorder=3, label="a repeat (baseline median / its time)")
+    strategies = sorted({r["strategy"] for r in rows if not r["baseline"]})
+    series = 0
+    for i, strategy in enumerate(strategies):
+        color = f"C{i}"
+        mine = [r for r in rows if r["strategy"] == strategy and not r["baseline"] and r["speedup"]]
+        for j, nodes in enumerate(sorted({r["nodes"] for r in mine})):
+            line = sorted((r for r in mine if r["nodes"] == nodes), key=lambda r: r["gpus"])
+            xs, ys = [1] + [r["gpus"] for r in line], [1.0] + [r["speedup"] for r in line]
+            marker = "os^D"[j % 4]
+            ax.plot(xs, ys, ["-", "--", "-.", ":"][j % 4], marker=marker, color=color, lw=1.5, ms=5,
+                    label=f"{strategy}, {nodes} node{'s' * (nodes > 1)}: median")
+            series += 1
+            for r in line:   # each series' repeats in its own small column right of the medians
+                ax.scatter([r["gpus"] + 0.07 * series] * len(r["repeat_speedups"]), r["repeat_speedups"],
+                           s=12, color=color, alpha=0.6, marker=marker, zorder=3)
+    ax.set_xticks(sorted({r["gpus"] for r in rows}))
+    ax.set_xlabel("GPUs (nodes × GPUs per node)")
+    ax.set_ylabel("speedup over 1 GPU (median training time)")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlim(0.6, top + 0.3 + 0.07 * series)
+    ax.set_ylim(0, top + 0.5)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def build(study: Path, out: Path, use_slurm: bool = True) -> dict:
+    manifest = load_manifest(study)
+    runs = [read_run(study, e) for e in manifest["runs"]]
+    slurm = Slurm(use_slurm)
+    for run in runs:
+        classify(run, slurm)
+    if not any(r["status"] == "ok" for r in runs):
+        counts = Counter(r["status"] for r in runs)
+        raise StudyError(f"{study}: none of the {len(runs)} runs in manifest.json has usable results ("
+                         + ", ".join(f"{n} {s}" for s, n in counts.most_common()) + "); nothing to report")
+    rows = group_rows(runs)
+    baseline = pick_baseline(rows, manifest)
+    add_speedups(rows, baseline)
+    base_median = baseline["train_runtime"]["median"] if baseline else None
+
+    out.mkdir(parents=True, exist_ok=True)
+    gpu_names = sorted({g.get("name") for r in runs if r["env"]
+                        for g in (r["env"].get("devices") or {}).get("gpus") or []} - {None})
+    title = (f"{study.name}: {Path(str(manifest.get('config'))).name}, "
+             f"{', '.join(gpu_names) or 'no GPU'}")
+    plotted = baseline is not None and any(r["speedup"] for r in rows if not r["baseline"])
+    if plotted:
+        plot(rows, baseline, out / PLOT, title)
+    lines = header(study, manifest, runs, slurm) + table(rows, baseline)
+    lines += [f"![speedup against GPUs]({PLOT})" if plotted else
+              "No plot: it needs a completed baseline and at least one other completed shape.", ""]
+    lines += problems_section(runs) + runs_section(runs, base_median)
+    extra = unlisted(study, manifest)
+    if extra:
+        lines += ["## Not in the manifest", "", "These folders hold results but were not submitted by this "
+                  "study's manifest, so they are not counted: " + ", ".join(f"`{n}`" for n in extra), ""]
+    atomic_write_text(out / REPORT, "\n".join(lines))
+    summary = {
+        "study": str(study), "written_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "baseline": baseline and {k: baseline[k] for k in ("strategy", "nodes", "gpus_per_node")},
+        "rows": [{k: v for k, v in r.items() if k != "repeat_train_runtime"} for r in rows],
+        "runs": [{k: r.get(k) for k in ("name", "job_id", "strategy", "nodes", "gpus_per_node", "repeat",
+                                        "status", "reason", "folder")} for r in runs],
+        "plot": PLOT if plotted else None,
+    }
+    atomic_write_json(out / SUMMARY, summary)
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("study", help="the study folder (holds manifest.json)")
+    parser.add_argument("--out", help="where to write the report, plot and summary (default STUDY)")
+    parser.add_argument("--no-slurm", action="store_true", help="do not ask SLURM for the state of unfinished jobs")
+    args = parser.parse_args(argv)
+    study = Path(args.study)
+    out = Path(args.out) if args.out else study
+    try:
+        summary = build(study, out, use_slurm=not args.no_slurm)
+    except StudyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    ok = sum(r["status"] == "ok" for r in summary["runs"])
+    print(f"{ok}/{len(summary['runs'])} runs usable -> {out / REPORT}"
+          + (f", {out / PLOT}" if summary["plot"] else " (no plot)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
