@@ -68,6 +68,9 @@ def run(argv):
     from qa.cache import default_cache_dir
 
     cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
+    from transformers import set_seed
+
+    set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
     model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root)
     checkpoint = find_checkpoint(training_args.output_dir, run_args.resume) if training_args.do_train else None
     return _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args,
@@ -76,14 +79,13 @@ def run(argv):
 
 def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args, checkpoint,
                         cache_root):
-    from transformers import default_data_collator, set_seed
+    from transformers import default_data_collator
 
     from qa.callbacks import run_callbacks
     from qa.records import environment_record, finish_run, save_split_metrics, write_environment
     from qa.telemetry import token_stats, train_throughput
     from trainer_qa import EXIT_INTERRUPTED, CheckpointOnSignalCallback, QuestionAnsweringTrainer
 
-    set_seed(training_args.seed)
     limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
               "test": data_args.max_predict_samples}
     examples = {s: select_examples(raw[s], limits[s]) for s in raw}

@@ -9,6 +9,7 @@ default job and the tests run on a machine with no internet:
 """
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 from .errors import InputError
@@ -27,22 +28,27 @@ def bundled_minilm_dir() -> Path:
 
 
 def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
-    """Write a tiny random BERT for QA (config, weights, tokenizer) into `folder`, once."""
+    """Write a tiny random BERT for QA (config, weights, tokenizer) into `folder`, once.
+    Ranks and jobs that start together take turns on a lock; the first builds it."""
+    import fcntl
+
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, set_seed
 
-    if (folder / "config.json").exists():
-        return folder
-    tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
-    set_seed(seed)
-    model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **TINY_BERT_SHAPE))
-    tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / "config.json").exists():
+            return folder
+        tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
+        set_seed(seed)
+        model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **TINY_BERT_SHAPE))
+        tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if folder.exists():  # a torn folder from a killed build
+            shutil.rmtree(folder)
         os.replace(tmp, folder)
-    except OSError:  # another rank built it first
-        if not (folder / "config.json").exists():
-            raise
     return folder
 
 
