@@ -26,7 +26,6 @@ from qa.io import atomic_write_json
 from qa.metric import scores_from_examples
 from qa.postprocess import postprocess_qa_predictions
 
-
 logger = logging.getLogger(__name__)
 
 # run_qa.py's exit status when training stopped on SIGTERM after saving a checkpoint: the run is

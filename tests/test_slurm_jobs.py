@@ -1,0 +1,419 @@
+"""job_ft3.sh and job_ddp.sh, unmodified, on a real local 2-node SLURM cluster (tests/slurm_fixture.py;
+fake A100 GRES, everything runs on the CPU with gloo), configured only through sbatch options,
+environment variables and trailing arguments, as a user would:
+
+- job_ft3.sh completes and records its results and wall-clock time; logs land in the submit folder;
+- job_ddp.sh, 1 node x 2 processes and 2 nodes x 1 process: every rank joins (environment.json's
+  WORLD_SIZE, one "[rankN]: ... rank N of 2" line per rank), the same steps and metrics as each other;
+- requeue: `scancel --signal=USR1 --batch` (what `--signal=B:USR1@T` does before the time limit)
+  makes the job checkpoint, requeue itself (Restarts=1) and resume to the same final global step,
+  the same metrics and the same files as an uninterrupted run, for both scripts;
+- a rank killed mid-training (SIGKILL, like the OOM killer) ends the whole 2-node job promptly;
+- STRATEGY=fsdp and GLOBAL_BATCH: the arguments reach run_qa.py and the job completes. What CPU
+  cannot show: accelerate 1.15 shards only on GPUs (with use_cpu it runs FSDP requests as plain
+  DDP, MULTI_CPU), so sharding, sharded checkpoints and NCCL are for a GPU cluster to check.
+
+The fail-fast checks (missing environment file or config, GLOBAL_BATCH arithmetic, #SBATCH header)
+need no SLURM. Each training job takes ~20-50 s on 2 cores; the SLURM tests are skipped, with the
+reason, where SLURM cannot be installed (not root, no apt).
+"""
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+try:
+    from tests.slurm_fixture import TERMINAL, alive, slurm_cluster  # noqa: F401  (registers the fixture)
+except ImportError:  # pragma: no cover
+    from slurm_fixture import TERMINAL, alive, slurm_cluster  # noqa: F401
+
+FT3, DDP = REPO / "job_ft3.sh", REPO / "job_ddp.sh"
+CPU = ["-c", "2", "--mem=3G", "--time=15"]  # the header's -c 32 --mem=64G do not fit the test nodes
+CONFIG = "configs/smoke_tiny.json"           # relative: the job finds it in the repository
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) and k != "TENSORBOARD_LOGGING_DIR"}
+    env.update(extra)
+    return env
+
+
+def _write_env_file(folder: Path) -> Path:
+    """What setup_bert.sh writes, for the running interpreter's environment."""
+    folder.mkdir(parents=True, exist_ok=True)
+    activate = Path(sys.prefix) / "bin" / "activate"
+    lines = [f"source {activate}" if activate.is_file() else f'export PATH="{Path(sys.executable).parent}:$PATH"',
+             f"export HF_HOME={folder / 'hf_home'}",
+             "export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1",
+             # 2 shared cores: more than one thread per process only oversubscribes them (10x slower)
+             "export OMP_NUM_THREADS=1"]
+    path = folder / "env.sh"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def env_file(tmp_path_factory):
+    return _write_env_file(tmp_path_factory.mktemp("jobenv"))
+
+
+class Job:
+    def __init__(self, cluster, jobid, cwd, name, out):
+        self.cluster, self.id, self.cwd, self.name, self.out = cluster, jobid, Path(cwd), name, Path(out)
+        self.info = None
+        self.submitted = time.monotonic()
+
+    def log(self, ext="out") -> str:
+        path = self.cwd / f"{self.name}-{self.id}.{ext}"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        return self.log("out") + self.log("err")
+
+    def tail(self) -> str:
+        return f"--- out\n{self.log('out')[-4000:]}\n--- err\n{self.log('err')[-6000:]}"
+
+    def wait(self, timeout=600):
+        self.info = self.cluster.wait(self.id, timeout=timeout, poll=0.5)
+        self.seconds = time.monotonic() - self.submitted
+        return self.info
+
+    def state(self):
+        info = self.cluster.job(self.id)
+        return info.get("JobState") if info else None
+
+    def wait_checkpoint(self, step, timeout=300):
+        marker = self.out / f"checkpoint-{step}" / "checkpoint_complete.json"
+        deadline = time.monotonic() + timeout
+        while not marker.exists():
+            assert self.state() not in TERMINAL, f"job ended before {marker} appeared\n{self.tail()}"
+            assert time.monotonic() < deadline, f"{marker} did not appear in {timeout} s\n{self.tail()}"
+            time.sleep(0.1)
+
+    def completed(self):
+        assert self.info["JobState"] == "COMPLETED" and self.info["ExitCode"] == "0:0", f"{self.info}\n{self.tail()}"
+
+
+def submit(cluster, script, tmp_path, env_file, *sbatch_args, args=(), name=None, **variables) -> Job:
+    """sbatch [OPTIONS] --export=ALL,ENV_FILE=..,K=V.. SCRIPT [ARGS], from a fresh folder (no logs/)."""
+    cwd = tmp_path / f"submit-{time.monotonic_ns()}"
+    cwd.mkdir()
+    out = Path(variables.get("OUTPUT_DIR") or args[list(args).index("--output_dir") + 1])
+    exports = ",".join(["ALL", f"ENV_FILE={env_file}"] + [f"{k}={v}" for k, v in variables.items()])
+    cmd = ["sbatch", "--parsable", *CPU, *sbatch_args, *(["-J", name] if name else []), f"--export={exports}",
+           str(script), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=cwd, env=cluster.env)
+    assert r.returncode == 0, f"{cmd}: {r.stderr}"
+    default_name = "bert-squad" if Path(script).name == "job_ft3.sh" else "bert-squad-ddp"
+    return Job(cluster, r.stdout.strip().split(";")[0], cwd, name or default_name, out)
+
+
+def results(out: Path) -> dict:
+    return json.loads((out / "all_results.json").read_text())
+
+
+def global_step(out: Path) -> int:
+    return json.loads((out / "trainer_state.json").read_text())["global_step"]
+
+
+def job_times(out: Path) -> list:
+    return [json.loads(line) for line in (out / "job_time.jsonl").read_text().splitlines()]
+
+
+def run_files(out: Path) -> set:
+    """What a finished run leaves, less what differs by design between an interrupted+resumed
+    run and an uninterrupted one (which checkpoints are kept, one job_time line per run)."""
+    return {p.name for p in out.iterdir() if not p.name.startswith("checkpoint-") and p.name != "job_time.jsonl"}
+
+
+def rank_lines(log: str, world: int, from_step: int = 0) -> list:
+    return [r for r in range(world)
+            if re.search(rf"^\[rank{r}\]: .*rank {r} of {world} \(gloo backend\).*training from step {from_step};",
+                         log, re.M)]
+
+
+def job_processes(jobid: str) -> list:
+    """PIDs of live processes started for this SLURM job (by the environment SLURM gave them)."""
+    found = []
+    needle = f"SLURM_JOB_ID={jobid}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0") and alive(int(proc.name)):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_no_processes(jobid: str, timeout: float = 30) -> list:
+    """The job's processes still alive after `timeout` s (slurmstepd reaps stragglers)."""
+    deadline = time.monotonic() + timeout
+    while job_processes(jobid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return job_processes(jobid)
+
+
+def rank_process(jobid: str, rank: int) -> int:
+    """The run_qa.py worker of global rank `rank` in this job."""
+    for pid in job_processes(jobid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and any(c.endswith(b"run_qa.py") for c in cmdline) \
+                and not any(c.endswith(b"torchrun") for c in cmdline):
+            return pid
+    raise AssertionError(f"no rank {rank} process for job {jobid}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Without SLURM: the header and the fail-fast paths
+
+def _sbatch_options(script: Path) -> list:
+    return [line.split(None, 1)[1].strip() for line in script.read_text().splitlines() if line.startswith("#SBATCH")]
+
+
+@pytest.mark.parametrize("script", [FT3, DDP], ids=["ft3", "ddp"])
+def test_header_defaults_and_no_log_folder(script):
+    """sbatch fails (or the job dies unseen) when the folder of -o/-e does not exist, so the
+    defaults name files only: %x-%j.out/.err in the submit folder."""
+    opts = _sbatch_options(script)
+    logs = [o.split(None, 1)[1] if " " in o else o.split("=", 1)[1]
+            for o in opts if re.match(r"^(-o|-e|--output|--error)[ =]", o)]
+    assert sorted(logs) == ["%x-%j.err", "%x-%j.out"], opts
+    assert all("/" not in x for x in logs)
+    for needed in ("-c 32", "--mem=64G", "--open-mode=append", "--requeue"):
+        assert needed in opts, (needed, opts)
+    assert any(re.fullmatch(r"--gres=gpu:a100:[12]", o) for o in opts), opts
+    assert any(re.fullmatch(r"--signal=B:USR1@\d+", o) for o in opts), opts
+    assert any(o.startswith("--time=") for o in opts) and any(o.startswith("--job-name=") for o in opts)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+@pytest.mark.parametrize("script", [FT3, DDP], ids=["ft3", "ddp"])
+def test_missing_env_file_fails_fast(script, tmp_path):
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, cwd=tmp_path,
+                       env=_clean_env(ENV_FILE=str(tmp_path / "missing.env.sh")))
+    assert r.returncode == 1, r
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "missing.env.sh not found" in r.stderr and "setup_bert.sh" in r.stderr
+
+
+@pytest.mark.parametrize("script", [FT3, DDP], ids=["ft3", "ddp"])
+def test_missing_config_fails_fast(script, tmp_path):
+    env_file = _write_env_file(tmp_path / "env")
+    for how in (dict(CONFIG="configs/nope.json"), dict(args=["nope.json"])):
+        r = subprocess.run(["bash", str(script), *how.get("args", [])], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path, env=_clean_env(ENV_FILE=str(env_file), CONFIG=how.get("CONFIG", "")))
+        assert r.returncode == 1, r
+        assert "nope.json not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_ddp_outside_slurm_says_so(tmp_path):
+    env_file = _write_env_file(tmp_path / "env")
+    r = subprocess.run(["bash", str(DDP), CONFIG], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env=_clean_env(ENV_FILE=str(env_file)))
+    assert r.returncode == 1 and "not inside a SLURM job" in r.stderr, r
+
+
+def _global_batch(global_batch, world, per_device):
+    script = (f'REPO_DIR={REPO}; source {REPO}/jobs/common.sh; JC_NAME=t; PER_DEVICE_BATCH={per_device}; '
+              'GRAD_ACCUM=1; LEARNING_RATE=3e-5; RUN_QA_ARGS=(--seed 1); '
+              f'GLOBAL_BATCH={global_batch} jc_global_batch {world}; printf "%s\\n" "${{RUN_QA_ARGS[@]}}" "${{JC_NOTES[@]}}"')
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("global_batch, world, per_device, expect", [
+    (48, 2, 12, (12, 2)),   # 24 per rank > 12 fits: accumulate 2 x 12
+    (48, 4, 12, (12, 1)),
+    (48, 8, 12, (6, 1)),    # fewer than configured: smaller batch, no accumulation
+    (50, 2, 12, (5, 5)),    # 25 per rank: 5 x 5 (25 = 12 x ? has no solution)
+    (96, 1, 12, (12, 8)),
+])
+def test_global_batch_is_kept(global_batch, world, per_device, expect):
+    r = _global_batch(global_batch, world, per_device)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    b, ga = expect
+    assert lines[:6] == ["--seed", "1", "--per_device_train_batch_size", str(b), "--gradient_accumulation_steps", str(ga)]
+    assert b * ga * world == global_batch
+    assert f"global batch {global_batch} = per-device {b} x world size {world} x gradient accumulation {ga}" in lines[-1]
+
+
+def test_global_batch_must_divide():
+    r = _global_batch(5, 2, 12)
+    assert r.returncode == 1 and "GLOBAL_BATCH=5 does not divide over 2 processes" in r.stderr, r
+
+
+# ---------------------------------------------------------------------------------------------
+# On the local SLURM cluster: reference runs (module-scoped: the requeue tests compare with them)
+
+@pytest.fixture(scope="module")
+def ft3_run(slurm_cluster, env_file, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ft3")
+    job = submit(slurm_cluster, FT3, tmp, env_file, "--gres=gpu:a100:1", name="ft3-test",
+                 args=[CONFIG, "--output_dir", str(tmp / "out")])
+    job.wait()
+    return job
+
+
+@pytest.fixture(scope="module")
+def ddp12_run(slurm_cluster, env_file, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp12")
+    job = submit(slurm_cluster, DDP, tmp, env_file, "-N", "1", "--gres=gpu:a100:2",
+                 CONFIG=CONFIG, OUTPUT_DIR=tmp / "out")
+    job.wait()
+    return job
+
+
+def test_ft3_completes_with_results(ft3_run):
+    job = ft3_run
+    job.completed()
+    print(f"\njob {job.id} (job_ft3.sh): {job.seconds:.0f} s from submission to COMPLETED")
+    res = results(job.out)
+    for key in ("WALL_CLOCK_SECONDS", "train_runtime", "eval_f1", "eval_exact_match"):
+        assert isinstance(res[key], (int, float)), key
+    env = json.loads((job.out / "environment.json").read_text())
+    assert env["slurm"]["SLURM_JOB_ID"] == job.id and env["slurm"]["SLURM_GPUS_ON_NODE"] == "1"
+    assert env["offline"]["HF_HUB_OFFLINE"] == "1" and "WORLD_SIZE" not in env["distributed"]
+    assert global_step(job.out) == math.ceil(res["train_features"] / 4)
+    times = job_times(job.out)
+    assert [(t["job_id"], t["outcome"], t["exit_code"], t["restart"]) for t in times] == [(job.id, "completed", 0, 0)]
+    assert times[0]["seconds"] >= res["WALL_CLOCK_SECONDS"] - 1
+    # -J overrides the header's name; the logs are in the submit folder, which had no logs/ folder
+    assert sorted(p.name for p in job.cwd.iterdir()) == [f"ft3-test-{job.id}.err", f"ft3-test-{job.id}.out"]
+    out = job.log()
+    assert f"job {job.id} (ft3-test), restart 0" in out and "no nvidia-smi on this node" in out
+    assert "global batch 4 = per-device 4 x world size 1 x gradient accumulation 1; learning rate 0.001" in out
+    assert f"job wall clock {times[0]['seconds']} s, exit code 0, completed" in out
+    assert "SLURM_GPUS_ON_NODE=1" in out and "HF_HOME=" in out
+
+
+def test_ddp_one_node_two_processes(ddp12_run, ft3_run):
+    job = ddp12_run
+    job.completed()
+    print(f"\njob {job.id} (job_ddp.sh 1x2): {job.seconds:.0f} s from submission to COMPLETED")
+    env = json.loads((job.out / "environment.json").read_text())
+    assert env["distributed"]["WORLD_SIZE"] == "2" and env["slurm"]["SLURM_NNODES"] == "1"
+    log = job.logs()
+    assert rank_lines(log, 2) == [0, 1], job.tail()
+    assert "global batch 8 = per-device 4 x world size 2 x gradient accumulation 1" in log
+    assert "--nproc_per_node=2" in log and "--rdzv_backend=c10d" in log and "--kill-on-bad-exit=1" in log
+    res = results(job.out)
+    assert global_step(job.out) == math.ceil(math.ceil(res["train_features"] / 2) / 4)
+    assert env["config"]["ddp_find_unused_parameters"] is False  # added by job_ddp.sh for STRATEGY=ddp
+    assert run_files(job.out) == run_files(ft3_run.out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requeue: checkpoint on USR1, requeue, resume to the same end as an uninterrupted run
+
+def _check_requeued(job, reference):
+    info = job.wait()
+    job.completed()
+    assert info["Restarts"] == "1", info
+    print(f"\njob {job.id} ({job.name}): interrupted, requeued and resumed, {job.seconds:.0f} s from submission")
+    log = job.logs()
+    assert "SIGUSR1 received: asking training to save a checkpoint and stop" in log
+    assert f"requeueing job {job.id}" in log and f"job {job.id} ({job.name}), restart 1" in log
+    stopped = re.findall(r"signal received: saving checkpoint-(\d+) and stopping", log)
+    assert stopped and len(set(stopped)) == 1, job.tail()   # every rank stopped at the same step
+    step = int(stopped[0])
+    assert 10 <= step < global_step(reference.out)
+    times = job_times(job.out)
+    assert [(t["restart"], t["outcome"]) for t in times] == [(0, "requeued"), (1, "completed")]
+    assert times[0]["exit_code"] != 0 and times[1]["exit_code"] == 0
+    # the same end as the uninterrupted run: steps, metrics, files
+    assert global_step(job.out) == global_step(reference.out)
+    mine, ref = results(job.out), results(reference.out)
+    assert set(mine) == set(ref)
+    for key in ("eval_f1", "eval_exact_match", "eval_loss"):
+        assert mine[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), key
+    assert run_files(job.out) == run_files(reference.out)
+    env = json.loads((job.out / "environment.json").read_text())
+    assert env["slurm"]["SLURM_RESTART_COUNT"] == "1"
+    return log, step
+
+
+def test_ft3_requeue_resumes(slurm_cluster, env_file, tmp_path, ft3_run):
+    ft3_run.completed()
+    job = submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1",
+                 CONFIG=CONFIG, RUN_ARGS=f"--output_dir {tmp_path / 'out'} --resume never", OUTPUT_DIR=tmp_path / "out")
+    job.wait_checkpoint(10)
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job.id)
+    log, _ = _check_requeued(job, ft3_run)
+    assert "interrupted by SIGTERM" in log and "exit code 143, requeued" in log
+    assert "restart 1: --resume auto" in log  # the requeued run resumes even after --resume never
+
+
+def test_ddp_two_nodes_requeue_resumes(slurm_cluster, env_file, tmp_path, ddp12_run):
+    """2 nodes x 1 process, interrupted and resumed, ends like the uninterrupted 1 x 2 run (same
+    world size, same data order): both runs of the job had every rank joined."""
+    ddp12_run.completed()
+    job = submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "2", "--gres=gpu:a100:1",
+                 CONFIG=CONFIG, OUTPUT_DIR=tmp_path / "out")
+    job.wait_checkpoint(10)
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job.id)
+    log, step = _check_requeued(job, ddp12_run)
+    assert rank_lines(log, 2, 0) == [0, 1] and rank_lines(log, 2, step) == [0, 1], job.tail()
+    env = json.loads((job.out / "environment.json").read_text())
+    assert env["distributed"]["WORLD_SIZE"] == "2" and env["slurm"]["SLURM_JOB_NODELIST"] == "node[1-2]"
+    assert "rendezvous 127.0.0.1:" in log  # NodeAddr: the fake node names do not resolve
+    assert wait_no_processes(job.id) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Failure and strategy
+
+def test_failing_rank_ends_two_node_job_promptly(slurm_cluster, env_file, tmp_path):
+    job = submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "2", "--gres=gpu:a100:1",
+                 CONFIG=CONFIG, OUTPUT_DIR=tmp_path / "out")
+    job.wait_checkpoint(10)                        # training under way on both nodes
+    os.kill(rank_process(job.id, 1), signal.SIGKILL)
+    killed = time.monotonic()
+    info = job.wait(timeout=300)
+    ended_after = time.monotonic() - killed
+    assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", f"{info}\n{job.tail()}"
+    assert ended_after < 60, f"job ended {ended_after:.0f} s after the kill (time limit 15 min)"
+    print(f"\njob {job.id}: FAILED {ended_after:.1f} s after rank 1 was killed ({job.seconds:.0f} s in all)")
+    assert wait_no_processes(job.id) == [], "processes of the failed job survive"
+    assert [t["outcome"] for t in job_times(job.out)] == ["failed"]
+    assert not (job.out / "all_results.json").exists()
+
+
+def test_fsdp_and_global_batch(slurm_cluster, env_file, tmp_path):
+    """As far as CPU goes: accelerate runs FSDP only on GPUs (here it falls back to DDP)."""
+    job = submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "1", "--gres=gpu:a100:2",
+                 CONFIG=CONFIG, OUTPUT_DIR=tmp_path / "out", STRATEGY="fsdp", GLOBAL_BATCH=16)
+    job.wait()
+    job.completed()
+    print(f"\njob {job.id} (job_ddp.sh fsdp 1x2): {job.seconds:.0f} s from submission to COMPLETED")
+    env = json.loads((job.out / "environment.json").read_text())
+    cfg = env["config"]
+    assert cfg["fsdp"] is True and cfg["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["BertLayer"]
+    assert cfg["fsdp_config"]["version"] == 2 and cfg["fsdp_config"]["reshard_after_forward"] is True
+    assert (cfg["per_device_train_batch_size"], cfg["gradient_accumulation_steps"]) == (4, 2)
+    assert env["distributed"]["WORLD_SIZE"] == "2"
+    log = job.logs()
+    assert "GLOBAL_BATCH=16 over 2 processes: per-device batch 4 (configured 4) x gradient accumulation 2" in log
+    assert "global batch 16 = per-device 4 x world size 2 x gradient accumulation 2" in log
+    assert "no GPU here: accelerate does not shard on CPUs" in log
+    assert rank_lines(log, 2) == [0, 1], job.tail()
+    res = results(job.out)
+    assert global_step(job.out) == math.ceil(math.ceil(res["train_features"] / 2) / 8)
