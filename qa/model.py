@@ -32,6 +32,7 @@ def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
     Ranks and jobs that start together take turns on a lock; the first builds it."""
     import fcntl
 
+    from safetensors.torch import save_file
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, set_seed
 
     folder = Path(folder)
@@ -44,7 +45,12 @@ def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
         set_seed(seed)
         model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **TINY_BERT_SHAPE))
         tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
-        model.save_pretrained(tmp)
+        # Written by hand: once a process group exists, transformers 5's save_pretrained writes
+        # weights on global rank 0 only, and a rank 1 that got the lock first built an empty model.
+        tmp.mkdir(parents=True, exist_ok=True)
+        model.config.save_pretrained(tmp)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
         if folder.exists():  # a torn folder from a killed build
             shutil.rmtree(folder)

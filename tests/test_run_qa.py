@@ -9,14 +9,15 @@ import pytest
 
 from tests.helpers import REPO
 
-# A tiny random BERT on generated data: learns in well under a minute on 2 cores.
-LEARN = [
+SMOKE = str(REPO / "configs" / "smoke.json")  # the README's main job
+# A tiny random BERT on generated data: seconds per run; used where only agreement matters.
+TINY = [
     "--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic",
-    "--synthetic_train_examples", "2000", "--synthetic_eval_examples", "200",
+    "--synthetic_train_examples", "400", "--synthetic_eval_examples", "100",
     "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32",
     "--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "64",
-    "--learning_rate", "2e-3", "--num_train_epochs", "4", "--warmup_steps", "0.1",
-    "--logging_steps", "10", "--use_cpu", "true", "--seed", "1", "--report_to", "tensorboard",
+    "--learning_rate", "2e-3", "--num_train_epochs", "2", "--logging_steps", "5", "--use_cpu", "true",
+    "--seed", "1",
 ]
 
 
@@ -39,13 +40,14 @@ def results(out):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """Untrained evaluation, then training + evaluation, of the same model and data."""
+    """The README's main job (configs/smoke.json: a pretrained MiniLM fine-tuned on generated
+    data), and the same model evaluated on the same questions before any training."""
     env = _env(tmp_path_factory)
     before = tmp_path_factory.mktemp("before")
-    proc = run_qa([*LEARN, "--do_eval", "--output_dir", str(before)], env)
+    proc = run_qa([SMOKE, "--do_train", "false", "--output_dir", str(before)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = tmp_path_factory.mktemp("trained")
-    proc = run_qa([*LEARN, "--do_train", "--do_eval", "--output_dir", str(out)], env)
+    out = tmp_path_factory.mktemp("smoke")
+    proc = run_qa([SMOKE, "--output_dir", str(out)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return before, out, env, proc
 
@@ -54,7 +56,7 @@ def test_training_learns(trained):
     before, out, _, _ = trained
     f1_before, f1_after = results(before)["eval_f1"], results(out)["eval_f1"]
     assert f1_before < 15, f1_before
-    assert f1_after > f1_before + 30, (f1_before, f1_after)
+    assert f1_after > f1_before + 20 and f1_after > 2.5 * f1_before, (f1_before, f1_after)
 
 
 def test_run_records_everything(trained):
@@ -64,14 +66,14 @@ def test_run_records_everything(trained):
                 "eval_f1", "eval_exact_match", "eval_loss"):
         assert isinstance(res[key], (int, float)) and res[key] >= 0, key
     assert res["WALL_CLOCK_SECONDS"] > res["train_runtime"]
-    assert res["train_examples"] == 2000 and res["train_features"] >= 2000
+    assert res["train_examples"] == 1200 and res["train_features"] >= 1200
     for name in ("train_results.json", "eval_results.json", "environment.json", "results.md",
                  "predictions.json", "nbest_predictions.json", "trainer_state.json", "model.safetensors"):
         assert (out / name).is_file(), name
     env = json.loads((out / "environment.json").read_text())
-    assert env["versions"]["torch"] and env["config"]["learning_rate"] == 2e-3 and env["git_commit"]
+    assert env["versions"]["torch"] and env["config"]["learning_rate"] == 3e-4 and env["git_commit"]
     predictions = json.loads((out / "predictions.json").read_text())
-    assert len(predictions) == 200
+    assert len(predictions) == 300
     events = list((out / "runs").rglob("events.out.tfevents.*"))
     assert events, "TensorBoard events are written by default"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -90,13 +92,13 @@ def test_cached_features_are_reused(trained):
     assert "features cache hit" in proc.stderr  # the untrained run tokenized the same eval set
 
 
-def test_torchrun_two_processes_match_single_process(trained, tmp_path):
+def test_torchrun_two_processes_match_single_process(tmp_path, tmp_path_factory):
     """2 gloo ranks train with per-epoch evaluation and keep the best model by eval_f1 (every
     rank must hold the metric), then evaluate; the single-process evaluation of the saved
     model gives the same metrics."""
-    _, _, env, _ = trained
+    env = _env(tmp_path_factory)
     ddp = tmp_path / "ddp"
-    args = [*LEARN, "--num_train_epochs", "2", "--do_train", "--do_eval", "--output_dir", str(ddp),
+    args = [*TINY, "--do_train", "--do_eval", "--output_dir", str(ddp),
             "--eval_strategy", "epoch", "--save_strategy", "epoch", "--load_best_model_at_end", "true",
             "--metric_for_best_model", "eval_f1", "--ddp_find_unused_parameters", "false"]
     proc = run_qa(args, env, launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -107,11 +109,13 @@ def test_torchrun_two_processes_match_single_process(trained, tmp_path):
     state = json.loads((ddp / "trainer_state.json").read_text())
     assert state["best_metric"] is not None and state["best_model_checkpoint"]
     single = tmp_path / "single"
-    proc = run_qa([*LEARN, "--model_name_or_path", str(ddp), "--do_eval", "--output_dir", str(single)], env)
+    proc = run_qa([*TINY, "--model_name_or_path", str(ddp), "--do_eval", "--output_dir", str(single)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for key in ("eval_f1", "eval_exact_match"):
         assert results(ddp)[key] == results(single)[key], key
-    assert abs(results(ddp)["eval_loss"] - results(single)["eval_loss"]) < 1e-4
+    # The loss is the Trainer's: each rank's batch mean, and the sampler repeats a feature to
+    # give both ranks equal shares, so it is close but not equal. The answers are exact.
+    assert results(ddp)["eval_loss"] == pytest.approx(results(single)["eval_loss"], rel=0.01)
 
 
 def _write(path, obj):
