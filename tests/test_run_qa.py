@@ -109,8 +109,10 @@ def test_torchrun_two_processes_match_single_process(tmp_path, tmp_path_factory)
     state = json.loads((ddp / "trainer_state.json").read_text())
     assert state["best_metric"] is not None and state["best_model_checkpoint"]
     single = tmp_path / "single"
-    proc = run_qa([*TINY, "--model_name_or_path", str(ddp), "--do_eval", "--output_dir", str(single)], env)
+    proc = run_qa([*TINY, "--model_name_or_path", str(ddp), "--do_eval", "--do_predict", "--output_dir", str(single)],
+                  env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (single / "predict_predictions.json").is_file() and "predict_f1" in results(single)
     for key in ("eval_f1", "eval_exact_match"):
         assert results(ddp)[key] == results(single)[key], key
     # The loss is the Trainer's: each rank's batch mean, and the sampler repeats a feature to
