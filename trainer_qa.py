@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import SequentialSampler
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
-from transformers.trainer_utils import has_length, speed_metrics
+from transformers.trainer_utils import has_length, rotate_checkpoints, speed_metrics
 
 from qa.checkpoints import COMPLETE_MARKER
 from qa.io import atomic_write_json
@@ -143,12 +143,21 @@ class QuestionAnsweringTrainer(Trainer):
         marker = os.path.join(folder, COMPLETE_MARKER)
         if self.args.should_save and os.path.exists(marker):
             os.remove(marker)  # the same step saved again: incomplete until rewritten
-        super()._save_checkpoint(model, trial)
+        # The Trainer deletes old checkpoints (save_total_limit) as soon as it has written the new
+        # one, before the marker below; a job killed in between would keep no complete checkpoint.
+        # So rotation waits until the new one is marked complete.
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         # Only once every rank has written its part (its RNG state, its FSDP shards) is the
         # checkpoint whole; the marker says so, and resuming trusts nothing without it.
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             atomic_write_json(marker, {"global_step": self.state.global_step})
+            rotate_checkpoints(output_dir=os.path.dirname(folder), save_total_limit=limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
     def save_model(self, output_dir=None, _internal_call=False):
         """The final model goes to a staging folder first and then file by file into place with

@@ -189,3 +189,28 @@ def test_bad_input_message_is_one_line_naming_the_culprit(tmp_path, tmp_path_fac
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "off.json" in errors[0] and "Fix:" in errors[0], proc.stderr[-2000:]
     assert not (tmp_path / "out").exists()
+
+
+def test_checkpoints_are_marked_rotated_and_resumed(tmp_path, tmp_path_factory):
+    """Checkpoints carry the completion marker, rotation keeps save_total_limit complete ones,
+    a torn checkpoint is moved aside, and a rerun resumes from the last complete one."""
+    env = _env(tmp_path_factory)
+    out = tmp_path / "ckpt"
+    common = [*TINY, "--do_train", "--save_strategy", "steps", "--save_steps", "2", "--save_total_limit", "1",
+              "--output_dir", str(out)]
+    proc = run_qa([*common, "--max_steps", "4"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]
+    assert (out / "checkpoint-4" / "checkpoint_complete.json").is_file()
+    torn = out / "checkpoint-9"
+    torn.mkdir()
+    (torn / "config.json").write_text("{")  # what a job killed mid-save leaves
+    proc = run_qa([*common, "--max_steps", "6"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming from" in proc.stderr and "checkpoint-4" in proc.stderr
+    assert not torn.exists() and list(out.glob("incomplete-*/checkpoint-9"))
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+    proc = run_qa([*common, "--max_steps", "2", "--resume", "never"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+    assert list(out.glob("previous-*/checkpoint-6"))
