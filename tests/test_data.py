@@ -405,7 +405,12 @@ def test_offline_with_empty_cache_says_run_setup_script(tmp_path):
 
 
 def _fake_hub(monkeypatch, result):
+    """A Hub that answers `result`, as seen online: offline settings of the caller (CI sets
+    them) would take the offline path instead."""
     import datasets
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # read from the environment at import
     calls = []
 
     def fake_load_dataset(name, config=None, cache_dir=None, **kwargs):
