@@ -115,7 +115,15 @@ def load_model_and_tokenizer(model_args, work_dir: Path):
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or path, **kwargs)
         model = AutoModelForQuestionAnswering.from_pretrained(path, **kwargs, **model_kwargs)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, ImportError) as err:
+        kernel = model_kwargs.get("attn_implementation")
+        message = str(err).lower()
+        if kernel and (isinstance(err, ImportError) or "attn" in message or "attention" in message):
+            raise InputError(f"--attn_implementation {kernel}", f"not usable here ({str(err).splitlines()[0]})",
+                             "use sdpa (PyTorch's fused attention) or eager, or install that kernel's "
+                             "package") from None
+        if isinstance(err, ImportError):
+            raise
         if looks_local:
             raise InputError(path, f"cannot load a model from this folder ({str(err).splitlines()[0]})",
                              "point --model_name_or_path at a folder saved with save_pretrained") from None

@@ -1,0 +1,442 @@
+#!/usr/bin/env python
+"""Training speed: the reference configuration, the same in bf16, and the fast path, on the
+same machine, the same data and the same model shape, in one invocation.
+
+    python bench/run_bench.py --size gpu      # bert-base shape, 384/128, on a GPU node
+    python bench/run_bench.py --size cpu      # small shape, 128/32, a few minutes on 2 cores
+
+Variants (each a fresh `run_qa.py` process, through bench/bench_worker.py, so every figure
+comes from the code users run: the Trainer with the project's features, collator, sampler):
+
+- `reference`: what the well-known Hugging Face example does: every feature padded to
+  max_seq_length, batch 12, lr 3e-5, fp32 (TF32 left at torch's default, off), the library's
+  default attention kernel and optimizer;
+- `reference_bf16`: the same with `--bf16 true`;
+- `fast`: configs/fast.json's switches (on a CPU without TF32 and, unless --cpu_compile, without
+  torch.compile, whose compilation takes minutes there);
+- opt-in (`--variants`): `fast_no_compile`; `fast_static64` (lengths padded to multiples of
+  64, one static graph per length: the alternative to dynamic-shape compilation).
+
+The model is randomly initialised (the bert-base shape costs exactly what the pretrained model
+costs; no download). Each variant trains WARMUP steps (compilation, DataLoader start-up, cuDNN
+and allocator warm-up), then a timed window of steps that covers the same number of samples
+for every variant. Reported per variant: samples/s (features = windows, as the Trainer
+counts), real (non-padding) tokens/s, MFU on real tokens (6 x non-embedding parameters FLOPs
+per real token, the issue's definition, against the device's dense bf16 peak for every variant,
+one yardstick; null on a CPU unless --peak_tflops), peak memory, the projected time of 2 epochs
+of SQuAD v1.1 (88,524 training features at 384/128) at the measured real-token rate, and the
+fast/reference ratios. Results: bench/results/bench-<size>-<device>-<time>.json and .md.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DEV_SET = REPO.parent / "shared" / "data" / "squad" / "dev-v1.1.json.gz"
+RESULTS = REPO / "bench" / "results"
+FAST_CONFIG = REPO / "configs" / "fast.json"
+
+SQUAD_TRAIN_QUESTIONS = 87_599
+SQUAD_TRAIN_FEATURES_384 = 88_524  # at max_seq_length 384, doc_stride 128, bert-base-uncased vocabulary
+EPOCHS = 2
+
+SIZES = {
+    "gpu": dict(model=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+                max_seq_length=384, doc_stride=128, max_query_length=64, max_train_samples=None,
+                warmup_steps=30, timed_samples=7200, repeat=1),
+    "cpu": dict(model=dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
+                max_seq_length=128, doc_stride=32, max_query_length=32, max_train_samples=600,
+                warmup_steps=2, timed_samples=192, repeat=3),
+}
+
+REFERENCE = {"per_device_train_batch_size": 12, "learning_rate": 3e-5, "pad_to_max_length": True}
+# Keys of configs/fast.json that describe the job rather than how fast it runs.
+JOB_KEYS = {"_comment", "model_name_or_path", "dataset_name", "train_file", "validation_file", "do_train", "do_eval",
+            "do_predict", "output_dir", "num_train_epochs", "max_steps", "save_strategy", "save_steps",
+            "save_total_limit", "logging_steps", "eval_strategy", "report_to", "max_seq_length", "doc_stride",
+            "max_query_length", "per_device_eval_batch_size", "seed"}
+DEFAULT_VARIANTS = ("reference", "reference_bf16", "fast")
+EXTRA_VARIANTS = ("fast_no_compile", "fast_static64")
+
+
+def fast_switches() -> dict:
+    config = json.loads(FAST_CONFIG.read_text())
+    return {k: v for k, v in config.items() if k not in JOB_KEYS}
+
+
+def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
+    """-> (run_qa settings of the variant, notes on what was changed for this device)."""
+    notes = []
+    if name == "reference":
+        return dict(REFERENCE), notes
+    if name == "reference_bf16":
+        return {**REFERENCE, "bf16": True}, notes
+    settings = fast_switches()
+    if name == "fast_no_compile":
+        settings.update(torch_compile=False)
+    elif name == "fast_static64":
+        settings.update(pad_to_multiple_of=64, compile_dynamic="false")
+    elif name != "fast":
+        raise SystemExit(f"unknown variant {name!r}: choose from {DEFAULT_VARIANTS + EXTRA_VARIANTS}")
+    if not on_gpu:
+        if settings.pop("tf32", None):
+            notes.append("tf32 dropped (no TF32 on a CPU)")
+        if settings.get("torch_compile") and not cpu_compile:
+            settings["torch_compile"] = False
+            notes.append("torch_compile off on CPU (pass --cpu_compile to include its minutes of compilation)")
+        if (settings.get("dataloader_num_workers") or 0) > 1 and (os.cpu_count() or 1) <= 4:
+            settings["dataloader_num_workers"] = 1
+            notes.append("dataloader_num_workers 1 (few CPU cores, shared with the model)")
+    return settings, notes
+
+
+def to_flags(settings: dict) -> list:
+    flags = []
+    for key, value in settings.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = str(value).lower()
+        if isinstance(value, (list, tuple)):
+            flags += [f"--{key}", *map(str, value)]
+        else:
+            flags += [f"--{key}", str(value)]
+    return flags
+
+
+def build_random_model(shape: dict, folder: Path) -> Path:
+    """A randomly initialised BERT for QA of this shape, with the bert-base-uncased vocabulary of
+    the bundled MiniLM's tokenizer, saved once (the same weights for every variant)."""
+    if (folder / "config.json").exists():
+        return folder
+    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, set_seed
+
+    from qa.model import bundled_minilm_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
+    set_seed(0)
+    model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **shape))
+    tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, folder)
+    return folder
+
+
+def _device_name():
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0), True
+    return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}", False
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-").replace("--", "-")[:40]
+
+
+def run_variant(name, args, size, model_dir, work, on_gpu, log):
+    settings, notes = variant_settings(name, on_gpu, args.cpu_compile)
+    batch = int(settings.get("per_device_train_batch_size", 8)) * int(settings.get("gradient_accumulation_steps", 1))
+    timed = max(1, math.ceil(args.timed_samples / batch))
+    out = work / "runs" / name
+    shutil.rmtree(out, ignore_errors=True)
+    data = (["--train_file", str(args.train_file)] if args.train_file else ["--dataset_name", args.dataset_name])
+    if args.max_train_samples:
+        data += ["--max_train_samples", str(args.max_train_samples)]
+    if args.dataset_name == "synthetic" and not args.train_file:
+        data += ["--synthetic_train_examples", str(args.synthetic_examples)]
+    argv = [
+        "--model_name_or_path", str(model_dir), *data, "--do_train",
+        "--max_seq_length", str(size["max_seq_length"]), "--doc_stride", str(size["doc_stride"]),
+        "--max_query_length", str(size["max_query_length"]),
+        "--max_steps", str(args.warmup_steps + timed), "--output_dir", str(out), "--resume", "never",
+        "--report_to", "none", "--save_strategy", "no", "--logging_steps", "100000", "--disable_tqdm", "true",
+        "--seed", "42", "--features_cache_dir", str(work / "features"),
+        *to_flags(settings),
+    ]
+    if not on_gpu:
+        argv += ["--use_cpu", "true"]
+    timing = work / f"timing-{name}.json"
+    timing.unlink(missing_ok=True)
+    command = [sys.executable, str(REPO / "bench" / "bench_worker.py"), str(timing), str(args.warmup_steps),
+               str(timed), "--", *argv]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if not on_gpu and args.cpu_threads:
+        env["OMP_NUM_THREADS"] = str(args.cpu_threads)
+    log(f"[{name}] {args.warmup_steps} warm-up + {timed} timed steps of {batch}: "
+        f"{' '.join(shlex.quote(a) for a in argv)}")
+    started = time.perf_counter()
+    with open(work / f"log-{name}.txt", "w") as logfile:
+        proc = subprocess.run(command, cwd=REPO, env=env, stdout=logfile, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0 or not timing.exists():
+        tail = (work / f"log-{name}.txt").read_text()[-3000:]
+        raise SystemExit(f"variant {name} failed (exit {proc.returncode}); log tail:\n{tail}")
+    record = json.loads(timing.read_text())
+    if not record.get("complete"):
+        raise SystemExit(f"variant {name} ended before its timed window closed: {record}")
+    results = json.loads((out / "all_results.json").read_text())
+    environment = json.loads((out / "environment.json").read_text())
+    for f in out.glob("*.safetensors"):  # the trained weights are of no use here
+        f.unlink()
+    return {"settings": settings, "notes": notes, "run_qa_args": argv, "record": record, "results": results,
+            "environment": environment, "process_wall_s": round(wall, 1)}
+
+
+def summarise(name, raw, size, peak_flops_per_s):
+    rec, res = raw["record"], raw["results"]
+    s = rec["seconds"]
+    shape = rec["model"]
+    real_per_s = rec["real_tokens"] / s
+    mean_real = res.get("train_mean_real_tokens")
+    features, questions = res.get("train_features"), res.get("train_examples")
+    if size["max_seq_length"] == 384 and size["doc_stride"] == 128:
+        train_features, basis = SQUAD_TRAIN_FEATURES_384, "88,524 features (384/128)"
+    else:
+        train_features = round(SQUAD_TRAIN_QUESTIONS * features / questions)
+        basis = (f"{train_features:,} features: 87,599 questions x {features / questions:.3f} windows per question "
+                 f"at {size['max_seq_length']}/{size['doc_stride']} (as in the benchmark data)")
+    projected = EPOCHS * train_features * mean_real / real_per_s if mean_real else None
+    flops_6n = 6 * shape["non_embedding_params"] * rec["real_tokens"]
+    flops_attn = flops_6n + 12 * shape["layers"] * shape["hidden"] * rec["sum_sq_lengths"]
+    return {
+        "samples_per_second": round(rec["samples"] / s, 2),
+        "real_tokens_per_second": round(real_per_s, 1),
+        # The timed window of a length-grouped run can hold longer (or shorter) features than the
+        # data's average (the first group of batches is sorted longest first): samples/s at the
+        # data's mean length is the comparable figure.
+        "samples_per_second_at_mean_length": round(real_per_s / mean_real, 2) if mean_real else None,
+        "token_positions_per_second": round(rec["batch_tokens"] / s, 1),
+        "padding_fraction": round(1 - rec["real_tokens"] / rec["batch_tokens"], 4),
+        "tflops_per_second_real_6n": round(flops_6n / s / 1e12, 3),
+        "mfu_real": round(flops_6n / s / peak_flops_per_s, 4) if peak_flops_per_s else None,
+        "mfu_real_with_attention": round(flops_attn / s / peak_flops_per_s, 4) if peak_flops_per_s else None,
+        "peak_memory_gib": rec.get("peak_memory_gib"),
+        "peak_rss_gib": rec.get("peak_rss_gib"),
+        "projected_2_epochs_s": round(projected, 1) if projected else None,
+        "projection_basis": basis,
+        "timed_steps": rec["timed_steps"], "timed_samples": rec["samples"], "timed_seconds": round(s, 3),
+        "warmup_steps": rec["warmup_steps"], "warmup_s": rec.get("warmup_s"), "first_step_s": rec.get("first_step_s"),
+        "until_train_begin_s": rec.get("until_train_begin_s"), "process_wall_s": raw["process_wall_s"],
+        "compile": rec.get("compile"),
+        "repeat_samples_per_second": raw.get("repeat_samples_per_second"),
+        "used": rec.get("used"),
+        "settings": raw["settings"], "notes": raw["notes"],
+        "data": {"train_questions": questions, "train_features": features, "mean_real_tokens": mean_real},
+    }
+
+
+def ratios(variants: dict) -> dict:
+    out = {}
+    for fast in [v for v in variants if v.startswith("fast")]:
+        for ref in ("reference", "reference_bf16"):
+            if ref in variants:
+                a, b = variants[fast], variants[ref]
+                out[f"{fast}/{ref}"] = {
+                    "samples_per_second": round(a["samples_per_second"] / b["samples_per_second"], 3),
+                    "real_tokens_per_second": round(a["real_tokens_per_second"] / b["real_tokens_per_second"], 3),
+                    "samples_per_second_at_mean_length": round(
+                        a["real_tokens_per_second"] / b["real_tokens_per_second"], 3),
+                }
+    return out
+
+
+def markdown(report: dict) -> str:
+    v = report["variants"]
+
+    def f(x, fmt="{:,.1f}", none="n/a"):
+        return none if x is None else fmt.format(x)
+
+    lines = [f"# Training speed: {report['size']} size on {report['device']['name']}", "",
+             f"{report['date_utc']} on `{report['host']}`; "
+             f"torch {report['versions'].get('torch')}, transformers {report['versions'].get('transformers')}, "
+             f"CUDA {report['versions'].get('cuda') or '-'}; git {report.get('git_commit') or 'n/a'}.", "",
+             f"Command: `{report['command']}`", "",
+             f"Model: random {report['model']['layers']}-layer BERT, hidden {report['model']['hidden']} "
+             f"({report['model']['non_embedding_params'] / 1e6:.1f} M non-embedding parameters); data: "
+             f"{report['data']['source']} ({report['data']['train_questions']} questions, "
+             f"{report['data']['train_features']} features, mean {f(report['data']['mean_real_tokens'])} real tokens of "
+             f"{report['data']['max_seq_length']}); MFU against {report['peak']['source']}.", "",
+             "| variant | samples/s (window) | samples/s at mean length | real tokens/s | padding | MFU (real, 6N) | "
+             "peak memory | 2 epochs projected | warm-up (incl. compile) | x reference | x bf16 reference |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in v.items():
+        mem = r["peak_memory_gib"] if r["peak_memory_gib"] is not None else r["peak_rss_gib"]
+        mem_label = "GiB" if r["peak_memory_gib"] is not None else "GiB RSS"
+        x_ref = report["ratios"].get(f"{name}/reference", {}).get("real_tokens_per_second")
+        x_bf = report["ratios"].get(f"{name}/reference_bf16", {}).get("real_tokens_per_second")
+        at_mean = r.get("samples_per_second_at_mean_length")
+        if at_mean is None and r["data"].get("mean_real_tokens"):
+            at_mean = r["real_tokens_per_second"] / r["data"]["mean_real_tokens"]
+        lines.append(
+            f"| {name} | {f(r['samples_per_second'])} | {f(at_mean)} | {f(r['real_tokens_per_second'], '{:,.0f}')} | "
+            f"{f(r['padding_fraction'] * 100, '{:.0f}%')} | {f(r['mfu_real'], '{:.1%}')} | {f(mem, '{:.2f}')} {mem_label} | "
+            f"{f(r['projected_2_epochs_s'], '{:,.0f} s')} | {f(r['warmup_s'], '{:.1f} s')} | "
+            f"{f(x_ref, '{:.2f}x', '')} | {f(x_bf, '{:.2f}x', '')} |")
+    if any(len(r.get("repeat_samples_per_second") or []) > 1 for r in v.values()):
+        lines += ["", "Each variant ran " + str(len(next(iter(v.values()))["repeat_samples_per_second"])) +
+                  " times, interleaved; the table shows the median run. samples/s of every run: " +
+                  "; ".join(f"{name} {r['repeat_samples_per_second']}" for name, r in v.items()) + "."]
+    lines += ["", "What each variant used (read from the live Trainer objects):", "",
+              "| variant | attention | optimizer | sampler | collator | bf16 | TF32 | compiled | batch | workers | notes |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in v.items():
+        u = r["used"] or {}
+        comp = r.get("compile") or {}
+        graphs = comp.get("unique_graphs") or 0
+        compiled = (f"yes, {graphs} graphs, {comp.get('graph_breaks', 0)} breaks" if graphs
+                    else "requested, no graph" if u.get("torch_compile") else "no")
+        lines.append(f"| {name} | {u.get('attn_implementation')} | {u.get('optimizer')}"
+                     f"{' (fused)' if u.get('optimizer_fused') else ''} | {u.get('sampler')} | {u.get('collator')} | "
+                     f"{u.get('bf16')} | {u.get('tf32_matmul')} | {compiled} | {u.get('per_device_train_batch_size')} | "
+                     f"{u.get('dataloader_num_workers')} | {'; '.join(r['notes']) or ''} |")
+    lines += ["", "Notes:", "",
+              "- samples = features (windows), as the Trainer counts them; real tokens exclude padding. "
+              "The ratio columns compare real tokens/s, which equals comparing samples/s at the data's mean "
+              "length: a length-grouped window can hold longer or shorter features than average (its first "
+              "group of batches is sorted longest first), which the window's raw samples/s does not correct.",
+              "- Timed window: the same number of samples for every variant, after the warm-up steps; the device is "
+              "synchronised at both ends. Projection: 2 epochs x " + (next(iter(v.values()))['projection_basis']) +
+              " x mean real tokens / real tokens per second; start-up, compilation and evaluation not included "
+              "(see the warm-up column and the JSON for those).",
+              "- MFU counts 6 x non-embedding parameters FLOPs per real token (attention scores excluded: "
+              "`mfu_real_with_attention` in the JSON adds them), against one peak for every variant.",
+              ]
+    if report["device"]["kind"] == "cpu":
+        lines += ["- **CPU run**: no GPU was available. These figures say that every variant runs through the real "
+                  "training code and how the switches behave on a CPU; they say nothing about GPU speed "
+                  "(bf16, fused attention kernels and compilation pay off very differently there). "
+                  f"{report['device'].get('torch_threads')} torch thread(s) per run (--cpu_threads). "
+                  f"Load average during the run (other jobs share this machine): {report.get('load_avg')}."]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="gpu")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help=f"comma-separated, from {', '.join(DEFAULT_VARIANTS + EXTRA_VARIANTS)}; 'all' for every one")
+    parser.add_argument("--train_file", type=Path, default=DEV_SET if DEV_SET.exists() else None,
+                        help="SQuAD JSON to train on (default: the dev set, whose lengths are the real distribution)")
+    parser.add_argument("--dataset_name", default=None,
+                        help="'synthetic' for generated data (the default when the dev set is absent)")
+    parser.add_argument("--synthetic_examples", type=int, default=3000)
+    parser.add_argument("--max_train_samples", type=int, default=None, help="questions kept (default: by size)")
+    parser.add_argument("--max_seq_length", type=int, default=None, help="default: by size (gpu 384, cpu 128)")
+    parser.add_argument("--doc_stride", type=int, default=None, help="default: by size (gpu 128, cpu 32)")
+    parser.add_argument("--max_query_length", type=int, default=None, help="default: by size (gpu 64, cpu 32)")
+    parser.add_argument("--warmup_steps", type=int, default=None, help="untimed steps first (default: by size)")
+    parser.add_argument("--timed_samples", type=int, default=None,
+                        help="samples in each variant's timed window (default: by size)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="runs of each variant, interleaved; the median is reported (default: gpu 1, cpu 3)")
+    parser.add_argument("--peak_tflops", type=float, default=None,
+                        help="peak dense bf16 TFLOP/s of the device for MFU (default: from the GPU's name)")
+    parser.add_argument("--cpu_compile", action="store_true", help="keep torch.compile in the fast path on a CPU")
+    parser.add_argument("--cpu_threads", type=int, default=1,
+                        help="on a CPU: OMP_NUM_THREADS of the variants (0: torch's default). One thread by default: "
+                        "on a shared machine, OpenMP threads that wait on each other under contention make steps "
+                        "several times slower and erratic (measured here: 0.3 s/step with 1 thread, 1-5 s with 2)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and Markdown go")
+    parser.add_argument("--work", type=Path, default=RESULTS / "tmp", help="scratch: model, features, run folders")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch run folders")
+    args = parser.parse_args(argv)
+
+    size = dict(SIZES[args.size])
+    for key in ("max_seq_length", "doc_stride", "max_query_length"):
+        if getattr(args, key) is not None:
+            size[key] = getattr(args, key)
+    if args.dataset_name:
+        args.train_file = None
+    elif args.train_file is None:
+        args.dataset_name = "synthetic"
+    for key in ("warmup_steps", "timed_samples", "max_train_samples", "repeat"):
+        if getattr(args, key) is None:
+            setattr(args, key, size[key])
+    if args.warmup_steps < 1 or args.timed_samples < 1:
+        parser.error("--warmup_steps and --timed_samples must be at least 1 (the window opens at the end of a step)")
+    variants = list(DEFAULT_VARIANTS + EXTRA_VARIANTS) if args.variants == "all" else args.variants.split(",")
+    for name in variants:
+        variant_settings(name, True, False)  # unknown names fail before anything runs
+
+    import torch
+    import transformers
+
+    from qa.telemetry import peak_flops
+
+    device_name, on_gpu = _device_name()
+    peak, peak_source = peak_flops(device_name if on_gpu else None, "bf16", args.peak_tflops)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    shape = size["model"]
+    model_dir = build_random_model(shape, work / "models" / ("bert-" + "-".join(str(v) for v in shape.values())))
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    load_before = os.getloadavg()
+    # Repeats run interleaved (every variant once, then again), so that a machine that gets busier
+    # or quieter in between affects all variants alike; each variant reports its median run.
+    runs = {name: [] for name in variants}
+    for _ in range(args.repeat):
+        for name in variants:
+            runs[name].append(run_variant(name, args, size, model_dir, work, on_gpu, log))
+    raw = {}
+    for name, rs in runs.items():
+        rate = [r["record"]["samples"] / r["record"]["seconds"] for r in rs]
+        raw[name] = rs[sorted(range(len(rs)), key=rate.__getitem__)[len(rs) // 2]]
+        raw[name]["repeat_samples_per_second"] = [round(x, 2) for x in rate]
+    load_after = os.getloadavg()
+    summaries = {name: summarise(name, r, size, peak) for name, r in raw.items()}
+    for name, s in summaries.items():
+        log(f"[{name}] {s['samples_per_second']} samples/s, {s['real_tokens_per_second']} real tokens/s, "
+            f"padding {s['padding_fraction']:.0%}, MFU {s['mfu_real']}")
+    first = next(iter(raw.values()))
+    env = first["environment"]
+    now = datetime.now(timezone.utc)
+    command = "python bench/run_bench.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    report = {
+        "benchmark": "bench/run_bench.py",
+        "size": args.size,
+        "command": command.strip(),
+        "date_utc": now.isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "device": first["record"]["device"],
+        "gpu_available": on_gpu,
+        "peak": {"tflops": peak / 1e12 if peak else None, "source": peak_source, "precision": "bf16"},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "cuda": torch.version.cuda,
+                     **{k: v for k, v in env.get("versions", {}).items() if k not in ("python", "torch", "transformers")}},
+        "git_commit": env.get("git_commit"),
+        "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
+        "model": {**first["record"]["model"], "random_init": True},
+        "data": {"source": str(args.train_file) if args.train_file else "synthetic",
+                 "max_seq_length": size["max_seq_length"], "doc_stride": size["doc_stride"],
+                 "max_query_length": size["max_query_length"],
+                 **summaries[next(iter(summaries))]["data"]},
+        "variants": summaries,
+        "ratios": ratios(summaries),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{args.size}-{_slug(device_name)}-{now.strftime('%Y%m%dT%H%M%SZ')}"
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(report))
+    if not args.keep:
+        shutil.rmtree(work / "runs", ignore_errors=True)
+    print(json.dumps({"json": str(args.out / f"{stem}.json"), "markdown": str(args.out / f"{stem}.md"),
+                      "ratios": report["ratios"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""bench/run_bench.py --size cpu: every variant runs through run_qa.py and the report has every
+field, with sane values (no timing thresholds: this machine's speed says nothing)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import DEV_SET, REPO
+
+VARIANT_FIELDS = ("samples_per_second", "real_tokens_per_second", "padding_fraction", "mfu_real", "peak_rss_gib",
+                  "peak_memory_gib", "projected_2_epochs_s", "timed_steps", "timed_samples", "timed_seconds",
+                  "warmup_s", "used", "settings")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    env = dict(os.environ, HF_HOME=str(tmp / "hf_home"), PYTHONUNBUFFERED="1")
+    data = [] if DEV_SET.exists() else ["--dataset_name", "synthetic", "--synthetic_examples", "200"]
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "run_bench.py"), "--size", "cpu", *data,
+                           "--max_train_samples", "200", "--warmup_steps", "1", "--timed_samples", "48", "--repeat", "1",
+                           "--out", str(tmp / "results"), "--work", str(tmp / "work")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    paths = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(open(paths["json"]).read()), open(paths["markdown"]).read()
+
+
+def test_report_has_every_variant_and_field(report):
+    r, _ = report
+    assert list(r["variants"]) == ["reference", "reference_bf16", "fast"]
+    for key in ("device", "versions", "date_utc", "command", "host", "model", "data", "peak", "ratios", "load_avg"):
+        assert key in r, key
+    assert r["size"] == "cpu" and r["versions"]["torch"] and r["versions"]["transformers"]
+    assert r["command"].startswith("python bench/run_bench.py --size cpu")
+    for name, v in r["variants"].items():
+        for key in VARIANT_FIELDS:
+            assert key in v, (name, key)
+
+
+def test_values_are_sane(report):
+    r, _ = report
+    for name, v in r["variants"].items():
+        assert v["samples_per_second"] > 0 and v["real_tokens_per_second"] > 0, name
+        assert 0 <= v["padding_fraction"] < 1 and v["projected_2_epochs_s"] > 0, name
+        assert v["timed_samples"] >= 48 and v["timed_seconds"] > 0, name
+        # real tokens/s = samples/s x mean real tokens of the timed batches (at most max_seq_length)
+        assert v["real_tokens_per_second"] <= v["samples_per_second"] * r["data"]["max_seq_length"] * 1.0001, name
+        if not r["gpu_available"]:
+            assert v["mfu_real"] is None and v["peak_memory_gib"] is None and v["peak_rss_gib"] > 0, name
+    assert set(r["ratios"]) == {"fast/reference", "fast/reference_bf16"}
+    ratio = r["ratios"]["fast/reference"]["samples_per_second"]
+    assert ratio == pytest.approx(r["variants"]["fast"]["samples_per_second"]
+                                  / r["variants"]["reference"]["samples_per_second"], rel=1e-2)
+
+
+def test_each_variant_used_what_it_says(report):
+    r, _ = report
+    ref, bf16, fast = (r["variants"][k]["used"] for k in ("reference", "reference_bf16", "fast"))
+    assert not ref["bf16"] and bf16["bf16"] and fast["bf16"]
+    assert ref["per_device_train_batch_size"] == 12 and fast["per_device_train_batch_size"] == 48
+    assert fast["sampler"] == "LengthGroupedSampler" and fast["collator"] == "BucketPaddingCollator"
+    assert fast["attn_implementation"] == "sdpa" and fast["optimizer_fused"]
+    if not r["gpu_available"]:
+        assert any("tf32" in n for n in r["variants"]["fast"]["notes"])
+
+
+def test_markdown_names_device_versions_command(report):
+    r, md = report
+    assert r["device"]["name"] in md and r["versions"]["torch"] in md and "bench/run_bench.py" in md
+    for name in r["variants"]:
+        assert f"| {name} |" in md
+    if not r["gpu_available"]:
+        assert "no GPU was available" in md

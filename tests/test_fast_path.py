@@ -1,0 +1,305 @@
+"""The fast path's switches on a CPU: fused attention, dynamic padding to a few lengths,
+length-grouped batches (with evaluation kept in order), the compile settings, a cached rerun that
+tokenizes nothing, and a small run of configs/fast.json's switches through run_qa.py."""
+import json
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from tests.helpers import REPO, minilm_tokenizer
+
+EXAMPLES = {
+    "id": [f"q{i}" for i in range(40)],
+    "title": ["t"] * 40,
+    "question": [("what is " + "very " * (i % 7) + "here?") for i in range(40)],
+    "context": [" ".join(["word"] * (5 + 9 * i)) + " The answer is Paris." for i in range(40)],
+}
+EXAMPLES["answers"] = [{"text": ["Paris"], "answer_start": [c.index("Paris")]} for c in EXAMPLES["context"]]
+
+
+@pytest.fixture(scope="module")
+def features():
+    from datasets import Dataset
+
+    from qa.features import prepare_train_features
+
+    ds = Dataset.from_dict(EXAMPLES)
+    return ds.map(prepare_train_features, batched=True, remove_columns=ds.column_names,
+                  fn_kwargs=dict(tokenizer=minilm_tokenizer(), max_seq_length=128, doc_stride=32,
+                                 max_query_length=32, pad_to_max_length=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention kernel and compile settings
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_attention_implementation_reaches_the_model(tmp_path, kernel):
+    from qa.args import ModelArguments
+    from qa.model import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(ModelArguments("bundled:tiny-bert", attn_implementation=kernel),
+                                        work_dir=tmp_path)
+    assert model.config._attn_implementation == kernel
+
+
+def test_unknown_attention_implementation_is_an_input_error(tmp_path):
+    from qa.args import ModelArguments
+    from qa.errors import InputError
+    from qa.model import load_model_and_tokenizer
+
+    with pytest.raises(InputError, match="attn_implementation"):
+        load_model_and_tokenizer(ModelArguments("bundled:tiny-bert", attn_implementation="nonsense"),
+                                 work_dir=tmp_path)
+
+
+def test_sdpa_and_eager_compute_the_same_logits(tmp_path):
+    import torch
+
+    from qa.args import ModelArguments
+    from qa.model import load_model_and_tokenizer
+
+    out = {}
+    batch = minilm_tokenizer()(["who is it?", "where?"], ["it is a test of attention", "here"],
+                               padding=True, return_tensors="pt")
+    for kernel in ("sdpa", "eager"):
+        model, _ = load_model_and_tokenizer(ModelArguments("bundled:tiny-bert", attn_implementation=kernel),
+                                            work_dir=tmp_path)
+        with torch.no_grad():
+            out[kernel] = model.eval()(**batch).start_logits
+    torch.testing.assert_close(out["sdpa"], out["eager"], atol=1e-5, rtol=1e-4)
+
+
+def test_compile_settings_reach_accelerate(monkeypatch):
+    import torch._dynamo
+    from accelerate.utils import TorchDynamoPlugin
+
+    from qa.model import STATIC_RECOMPILE_LIMIT, configure_compile
+
+    for var in ("ACCELERATE_DYNAMO_USE_DYNAMIC", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    configure_compile(SimpleNamespace(compile_dynamic="auto", compile_regional=False))
+    plugin = TorchDynamoPlugin(backend="inductor", dynamic=None)  # what the Trainer builds
+    assert plugin.dynamic is None and not plugin.use_regional_compilation
+    configure_compile(SimpleNamespace(compile_dynamic="true", compile_regional=True))
+    plugin = TorchDynamoPlugin(backend="inductor", dynamic=None)
+    assert plugin.dynamic is True and plugin.use_regional_compilation
+    configure_compile(SimpleNamespace(compile_dynamic="false", compile_regional=True))
+    assert TorchDynamoPlugin(backend="inductor", dynamic=None).dynamic is False
+    assert torch._dynamo.config.recompile_limit >= STATIC_RECOMPILE_LIMIT
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic padding to buckets
+
+
+def test_bucketed_padding_yields_only_bucket_lengths(features):
+    from qa.collate import BucketPaddingCollator
+
+    tok = minilm_tokenizer()
+    rows = [features[i] for i in range(len(features))]
+    lengths = [len(r["input_ids"]) for r in rows]
+    assert len(set(lengths)) > 10 and max(lengths) <= 128
+    for kwargs, allowed in ((dict(pad_to_multiple_of=64), {64, 128}),
+                            (dict(pad_to_multiple_of=8), set(range(8, 129, 8))),
+                            (dict(length_buckets=[48, 96, 128]), {48, 96, 128})):
+        collate = BucketPaddingCollator(tok, 128, **kwargs)
+        seen = set()
+        for i in range(0, len(rows), 5):
+            batch = collate(rows[i:i + 5])
+            width = batch["input_ids"].shape[1]
+            seen.add(width)
+            assert width in allowed and width >= max(lengths[i:i + 5]), (kwargs, width)
+            assert batch["attention_mask"].sum().item() == sum(lengths[i:i + 5])
+        assert len(seen) > 1 or len(allowed) == 1
+
+
+def test_bucket_collator_matches_the_transformers_collator(features):
+    """With multiples of 8 the batches are exactly DataCollatorWithPadding(pad_to_multiple_of=8)'s
+    (what dynamic padding used before); the length column is dropped, labels are kept."""
+    import torch
+    from transformers import DataCollatorWithPadding
+
+    from qa.collate import BucketPaddingCollator, add_length_column
+
+    tok = minilm_tokenizer()
+    with_length = add_length_column(features)
+    rows = [with_length[i] for i in range(7)]
+    ours = BucketPaddingCollator(tok, 128, pad_to_multiple_of=8)(rows)
+    theirs = DataCollatorWithPadding(tok, pad_to_multiple_of=8)([{k: v for k, v in r.items() if k != "length"}
+                                                                for r in rows])
+    assert "length" not in ours and set(ours) == set(theirs)
+    for key in theirs:
+        assert torch.equal(ours[key], theirs[key]), key
+
+
+def test_length_column_is_computed_without_reading_rows(features):
+    from qa.collate import add_length_column
+
+    with_length = add_length_column(features)
+    assert with_length["length"][:] == [len(ids) for ids in features["input_ids"][:]]
+    sub = with_length.select([3, 1, 2])  # a view with indices
+    assert add_length_column(features.select([3, 1, 2]))["length"][:] == sub["length"][:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Length-grouped sampling through the Trainer
+
+
+def _trainer(tmp_path, features, eval_features=None, **kwargs):
+    from transformers import TrainingArguments
+
+    from qa.args import DataArguments, ModelArguments
+    from qa.collate import BucketPaddingCollator, add_length_column
+    from qa.model import load_model_and_tokenizer
+    from trainer_qa import QuestionAnsweringTrainer
+
+    model, tok = load_model_and_tokenizer(ModelArguments("bundled:tiny-bert"), work_dir=tmp_path)
+    args = TrainingArguments(str(tmp_path / "out"), use_cpu=True, report_to="none", per_device_train_batch_size=4,
+                             per_device_eval_batch_size=4, **kwargs)
+    return QuestionAnsweringTrainer(model=model, args=args, train_dataset=add_length_column(features),
+                                    eval_dataset=eval_features, processing_class=tok,
+                                    data_collator=BucketPaddingCollator(tok, 128), qa_args=DataArguments())
+
+
+def test_grouped_batches_read_the_length_column_and_hold_little_padding(tmp_path, features, monkeypatch):
+    """remove_unused_columns (on by default) drops `length` before transformers builds the
+    sampler; the trainer must still use the column, not measure every row."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    trainer = _trainer(tmp_path, features, train_sampling_strategy="group_by_length")
+    assert trainer.args.remove_unused_columns
+    calls = []
+    original = LengthGroupedSampler.__init__
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs.get("lengths"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LengthGroupedSampler, "__init__", spy)
+    loader = trainer.get_train_dataloader()
+    assert calls and calls[0] == features.map(lambda r: {"n": len(r["input_ids"])})["n"][:]
+    real = padded = 0
+    for batch in loader:
+        assert "length" not in batch
+        real += batch["attention_mask"].sum().item()
+        padded += batch["attention_mask"].numel()
+    random_trainer = _trainer(tmp_path, features)
+    r_real = r_padded = 0
+    for batch in random_trainer.get_train_dataloader():
+        r_real += batch["attention_mask"].sum().item()
+        r_padded += batch["attention_mask"].numel()
+    assert real == r_real  # the same features, every one once
+    assert padded < r_padded, (padded, r_padded)
+
+
+def test_evaluation_keeps_feature_order_with_group_by_length(tmp_path, features):
+    """Post-processing pairs logits and features by position: transformers 5.23 would shuffle
+    the evaluation set by length too when train_sampling_strategy is group_by_length."""
+    eval_features = features.remove_columns(["start_positions", "end_positions"])
+    trainer = _trainer(tmp_path, features, eval_features, train_sampling_strategy="group_by_length")
+    loader = trainer.get_eval_dataloader()
+    rows = [ids for batch in loader for ids in batch["input_ids"].tolist()]
+    assert [r[:len(f)] for r, f in zip(rows, eval_features["input_ids"][:])] == eval_features["input_ids"][:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache: a rerun tokenizes nothing, for every split
+
+
+def test_cache_key_does_not_depend_on_what_was_tokenized_before(tmp_path):
+    """A fast tokenizer keeps the truncation/padding of its last call; a key that hashed it made
+    a rerun whose training split was a cache hit miss its validation split."""
+    from datasets import Dataset
+
+    from qa.cache import cached_features, features_key
+    from qa.features import prepare_train_features, prepare_validation_features
+
+    tok = minilm_tokenizer()
+    ds = Dataset.from_dict(EXAMPLES)
+    params = dict(max_seq_length=128, doc_stride=32, max_query_length=32, pad_to_max_length=True)
+    key = features_key(ds, tok, prepare_validation_features, params)
+    cached_features(ds, tok, prepare_train_features, params, cache_dir=tmp_path)  # changes the tokenizer's state
+    assert features_key(ds, tok, prepare_validation_features, params) == key
+    _, hit = cached_features(ds, tok, prepare_validation_features, params, cache_dir=tmp_path)
+    assert not hit
+    _, hit = cached_features(ds, tok, prepare_train_features, params, cache_dir=tmp_path)
+    assert hit
+    _, hit = cached_features(ds, tok, prepare_validation_features, params, cache_dir=tmp_path)
+    assert hit
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast config's switches, end to end through run_qa.py
+
+
+def _env(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"),
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("TENSORBOARD_LOGGING_DIR", None)
+    return env
+
+
+# configs/fast.json, adapted to a CPU (no TF32 there; compilation tested apart) and to a tiny
+# model on generated data.
+FAST_ON_CPU = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic",
+               "--synthetic_train_examples", "600", "--synthetic_eval_examples", "150",
+               "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32",
+               "--learning_rate", "2e-3", "--num_train_epochs", "3", "--per_device_eval_batch_size", "32",
+               "--logging_steps", "4", "--use_cpu", "true", "--tf32", "false", "--torch_compile", "false",
+               "--report_to", "none", "--dataloader_num_workers", "1"]
+
+
+def _run(args, tmp_path, timeout=600):
+    proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *args], cwd=REPO, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path):
+    """configs/fast.json's switches train (the loss falls) and evaluate; evaluating the saved
+    model again without length grouping gives the very same predictions, so the grouped run
+    paired every feature with its own logits."""
+    out = tmp_path / "fast"
+    _run([str(REPO / "configs" / "fast.json"), *FAST_ON_CPU, "--output_dir", str(out)], tmp_path)
+    results = json.loads((out / "all_results.json").read_text())
+    config = json.loads((out / "environment.json").read_text())["config"]
+    assert config["bf16"] and config["attn_implementation"] == "sdpa" and not config["pad_to_max_length"]
+    assert config["train_sampling_strategy"] == "group_by_length" and config["per_device_train_batch_size"] == 48
+    assert config["optim"] == "adamw_torch_fused" and config["dataloader_persistent_workers"]
+    losses = [h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]
+    assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, losses
+    assert 0 <= results["eval_f1"] <= 100 and results["eval_loss"] > 0
+    again = tmp_path / "again"
+    _run([*FAST_ON_CPU, "--model_name_or_path", str(out), "--do_eval", "--bf16", "true", "--pad_to_max_length",
+          "false", "--output_dir", str(again)], tmp_path)
+    assert json.loads((again / "predictions.json").read_text()) == json.loads((out / "predictions.json").read_text())
+    assert json.loads((again / "all_results.json").read_text())["eval_f1"] == results["eval_f1"]
+
+
+def test_torch_compile_with_symbolic_lengths_does_not_recompile(tmp_path):
+    """configs/fast.json's compilation (regional, dynamic) through run_qa.py: compiled graphs are
+    made, and batches of different lengths reuse them. On this data and seed the second batch
+    is 112 tokens wide after a first of 128; with --compile_dynamic auto that step recompiles
+    every region (measured), with true nothing does. About 40 s on 2 idle cores, 90-110 s on a
+    busy machine; QA_TEST_COMPILE=0 skips it."""
+    if os.environ.get("QA_TEST_COMPILE") == "0":
+        pytest.skip("QA_TEST_COMPILE=0")
+    out = tmp_path / "compiled"
+    started = time.perf_counter()
+    env = dict(_env(tmp_path), TORCH_LOGS="recompiles,guards")
+    proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), str(REPO / "configs" / "fast.json"),
+                           *FAST_ON_CPU, "--torch_compile", "true", "--max_steps", "4", "--do_eval", "false",
+                           "--dataloader_num_workers", "0", "--dataloader_persistent_workers", "false",
+                           "--output_dir", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "GUARDS" in proc.stderr, "nothing was compiled"
+    assert "Recompiling function" not in proc.stderr, [l for l in proc.stderr.splitlines() if "ecompil" in l][:6]
+    assert json.loads((out / "all_results.json").read_text())["train_runtime"] > 0
+    print(f"compiled run: {time.perf_counter() - started:.0f} s")
