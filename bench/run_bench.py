@@ -42,6 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from qa.config import to_flags  # noqa: E402  (re-exported for parity.py)
 
 DEV_SET = REPO.parent / "shared" / "data" / "squad" / "dev-v1.1.json.gz"
 RESULTS = REPO / "bench" / "results"
@@ -99,20 +100,6 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
             settings["dataloader_num_workers"] = 1
             notes.append("dataloader_num_workers 1 (few CPU cores, shared with the model)")
     return settings, notes
-
-
-def to_flags(settings: dict) -> list:
-    flags = []
-    for key, value in settings.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            value = str(value).lower()
-        if isinstance(value, (list, tuple)):
-            flags += [f"--{key}", *map(str, value)]
-        else:
-            flags += [f"--{key}", str(value)]
-    return flags
 
 
 def build_random_model(shape: dict, folder: Path) -> Path:

@@ -12,7 +12,8 @@ from .errors import InputError
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
 
 
-def _to_flags(config: dict) -> list:
+def to_flags(config: dict) -> list:
+    """A config dict as command-line flags (None = the default, so left out)."""
     flags = []
     for key, value in config.items():
         if value is None:
@@ -52,7 +53,7 @@ def parse_args(argv):
     if argv and argv[0].endswith(".json"):
         source = argv[0]
         config = _read_config(argv[0])
-        argv = _to_flags(config) + argv[1:]
+        argv = to_flags(config) + argv[1:]
     explicit = set(config) | {a[2:].split("=")[0] for a in argv if a.startswith("--")}
     parser = HfArgumentParser(DATACLASSES)
     try:

@@ -143,7 +143,10 @@ def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
     if tf32 is None:
         import torch
 
-        tf32 = torch.get_float32_matmul_precision() != "highest"
+        try:
+            tf32 = torch.get_float32_matmul_precision() != "highest"
+        except RuntimeError:  # torch >= 2.9 refuses once TF32 was set through its newer API
+            tf32 = torch.backends.cuda.matmul.fp32_precision == "tf32"
     return "tf32" if tf32 else "fp32"
 
 
