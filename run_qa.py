@@ -47,6 +47,9 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
 
 
 def run(argv):
+    from transformers import set_seed
+
+    from qa.cache import default_cache_dir
     from qa.checkpoints import find_checkpoint
     from qa.config import finalize, parse_args
     from qa.data import load_raw_datasets
@@ -65,11 +68,7 @@ def run(argv):
     if not splits:
         raise InputError("arguments", "nothing to do", "pass --do_train, --do_eval and/or --do_predict")
     raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
-    from qa.cache import default_cache_dir
-
     cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
-    from transformers import set_seed
-
     set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
     model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root)
     checkpoint = find_checkpoint(training_args.output_dir, run_args.resume) if training_args.do_train else None

@@ -10,7 +10,6 @@ they give identical results, and prints one JSON line. Exits 1 if the results di
 Wall time counts waiting for a busy CPU; the CPU times (and load_avg_1m) tell when it did.
 """
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -25,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from qa.features import prepare_validation_features  # noqa: E402
 from qa.model import bundled_minilm_dir  # noqa: E402
+from qa.data import read_squad_file  # noqa: E402
 from qa.postprocess import (postprocess_qa_predictions,  # noqa: E402
                             postprocess_qa_predictions_reference)
 
@@ -32,11 +32,7 @@ DEV_SET = REPO.parent / "shared/data/squad/dev-v1.1.json.gz"
 
 
 def load_examples(path):
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        articles = json.load(f)["data"]
-    rows = [(qa["id"], qa["question"], p["context"])
-            for a in articles for p in a["paragraphs"] for qa in p["qas"]]
-    return {key: [r[j] for r in rows] for j, key in enumerate(["id", "question", "context"])}
+    return read_squad_file(path).select_columns(["id", "question", "context"]).to_dict()
 
 
 def best_of(repeat, fn, *args, **kwargs):

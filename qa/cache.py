@@ -31,9 +31,7 @@ def default_cache_dir() -> Path:
 def _table_digest(dataset) -> str:
     h = hashlib.sha256()
     sink = pa.BufferOutputStream()
-    table = dataset.data.table if hasattr(dataset.data, "table") else dataset.data
-    if dataset._indices is not None:  # a select()ed view: hash the rows it really holds
-        table = dataset.flatten_indices().data.table
+    table = dataset.with_format("arrow")[:]  # the rows it holds, also for a select()ed view
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     h.update(sink.getvalue().to_pybytes())

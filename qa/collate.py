@@ -25,8 +25,7 @@ def add_length_column(features, name: str = LENGTH_COLUMN):
     list offsets (no Python loop), so a length-grouped sampler need not read every row."""
     if name in features.column_names:
         return features
-    table = features.data.table if features._indices is None else features.flatten_indices().data.table
-    column = table.column("input_ids").combine_chunks()
+    column = features.with_format("arrow")["input_ids"].combine_chunks()
     return features.add_column(name, pc.list_value_length(column).to_numpy().astype(np.int32))
 
 

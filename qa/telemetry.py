@@ -18,9 +18,7 @@ GIB = 2 ** 30
 
 def token_stats(features) -> dict:
     """Real (non-padding) tokens per feature, from the attention masks, without a Python loop."""
-    column = features.data.table.column("attention_mask") if features._indices is None \
-        else features.flatten_indices().data.table.column("attention_mask")
-    column = column.combine_chunks()
+    column = features.with_format("arrow")["attention_mask"].combine_chunks()
     lengths = pc.list_value_length(column).to_numpy()
     offsets = column.offsets.to_numpy()
     values = column.values.to_numpy(zero_copy_only=False).astype(np.int64)

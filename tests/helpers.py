@@ -7,6 +7,15 @@ DEV_SET = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad" / "d
 
 
 @functools.lru_cache(maxsize=None)
+def dev_set_columns():
+    """The official dev set as columns (id, title, context, question, answers), in file order,
+    read by the project's own loader. Callers must not modify it."""
+    from qa.data import read_squad_file
+
+    return read_squad_file(DEV_SET).to_dict()
+
+
+@functools.lru_cache(maxsize=None)
 def minilm_tokenizer():
     from transformers import AutoTokenizer
 

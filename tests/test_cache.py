@@ -1,26 +1,16 @@
 """The tokenized-features cache: keyed by everything that matters, reused, never torn."""
-from datasets import Dataset
-
 from qa.cache import cached_features, features_key
 from qa.features import prepare_train_features, prepare_validation_features
-from qa.synthetic import make_synthetic_squad
+from qa.args import DataArguments
+from qa.data import load_raw_datasets
 from tests.helpers import minilm_tokenizer
 
 PARAMS = dict(max_seq_length=128, doc_stride=32, max_query_length=32, pad_to_max_length=False)
 
 
 def _examples(n=60, seed=0):
-    rows = {"id": [], "title": [], "context": [], "question": [], "answers": []}
-    for article in make_synthetic_squad(n, seed=seed)["data"]:
-        for p in article["paragraphs"]:
-            for q in p["qas"]:
-                rows["id"].append(q["id"])
-                rows["title"].append(article["title"])
-                rows["context"].append(p["context"])
-                rows["question"].append(q["question"])
-                rows["answers"].append({"text": [a["text"] for a in q["answers"]],
-                                        "answer_start": [a["answer_start"] for a in q["answers"]]})
-    return Dataset.from_dict(rows)
+    args = DataArguments(dataset_name="synthetic", synthetic_train_examples=n, synthetic_seed=seed)
+    return load_raw_datasets(args, splits=("train",))["train"]
 
 
 def test_key_depends_on_data_parameters_function_and_tokenizer():

@@ -1,26 +1,10 @@
 """Feature preparation: sliding windows, answer labels from character offsets, CLS fallback."""
-import gzip
-import json
-
 import pytest
 
 from qa.errors import InputError
 from qa.features import (CLS_INDEX, check_window, prepare_train_features, prepare_validation_features,
                          truncate_questions)
-from tests.helpers import DEV_SET, minilm_tokenizer
-
-
-def _flatten(squad):
-    ex = {"id": [], "question": [], "context": [], "answers": []}
-    for article in squad["data"]:
-        for p in article["paragraphs"]:
-            for q in p["qas"]:
-                ex["id"].append(q["id"])
-                ex["question"].append(q["question"])
-                ex["context"].append(p["context"])
-                ex["answers"].append({"text": [a["text"] for a in q["answers"]],
-                                      "answer_start": [a["answer_start"] for a in q["answers"]]})
-    return ex
+from tests.helpers import DEV_SET, dev_set_columns, minilm_tokenizer
 
 
 def _example(context, question, answer, start=None):
@@ -89,7 +73,7 @@ def test_every_dev_answer_is_recovered_from_token_offsets():
     if not DEV_SET.exists():
         pytest.skip(f"official dev set not found at {DEV_SET}")
     tok = minilm_tokenizer()
-    ex = _flatten(json.load(gzip.open(DEV_SET)))
+    ex = dev_set_columns()
     f = prepare_validation_features(ex, tok, max_seq_length=384, doc_stride=128, max_query_length=64)
     assert len(f["input_ids"]) == 10784
     index = {qid: i for i, qid in enumerate(ex["id"])}

@@ -3,7 +3,6 @@
 Hand-made windows with known answers run through both implementations (which must agree);
 then the vectorised version is checked against the reference on real dev-set features.
 """
-import gzip
 import json
 import logging
 import re
@@ -216,14 +215,14 @@ def test_datasets_tables_give_the_same_results():
 def dev_examples():
     if not DEV_SET.exists():
         pytest.skip(f"SQuAD v1.1 dev set not found at {DEV_SET}")
-    with gzip.open(DEV_SET, "rt", encoding="utf-8") as f:
-        articles = json.load(f)["data"]
-    rows = [(qa["id"], qa["question"], p["context"])
-            for a in articles for p in a["paragraphs"] for qa in p["qas"]]
+    from tests.helpers import dev_set_columns
+
+    dev = dev_set_columns()
     # Every 40th question plus the 60 with the longest contexts (which need several windows).
-    longest = sorted(range(len(rows)), key=lambda i: -len(rows[i][2]))[:60]
-    keep = sorted(set(range(0, len(rows), 40)) | set(longest))
-    return {key: [rows[i][j] for i in keep] for j, key in enumerate(["id", "question", "context"])}
+    n = len(dev["id"])
+    longest = sorted(range(n), key=lambda i: -len(dev["context"][i]))[:60]
+    keep = sorted(set(range(0, n, 40)) | set(longest))
+    return {key: [dev[key][i] for i in keep] for key in ("id", "question", "context")}
 
 
 @pytest.fixture(scope="module")
