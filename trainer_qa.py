@@ -22,7 +22,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import has_length, rotate_checkpoints, speed_metrics
 
 from qa.checkpoints import COMPLETE_MARKER
-from qa.io import atomic_write_json
+from qa.io import atomic_write_json, give_new_file_modes
 from qa.metric import scores_from_examples
 from qa.postprocess import postprocess_qa_predictions
 
@@ -155,6 +155,7 @@ class QuestionAnsweringTrainer(Trainer):
         # checkpoint whole; the marker says so, and resuming trusts nothing without it.
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
             atomic_write_json(marker, {"global_step": self.state.global_step})
             rotate_checkpoints(output_dir=os.path.dirname(folder), save_total_limit=limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
@@ -169,6 +170,7 @@ class QuestionAnsweringTrainer(Trainer):
         super().save_model(staging)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            give_new_file_modes(staging)  # safetensors writes weights 0600 whatever the umask
             for name in os.listdir(staging):
                 os.replace(os.path.join(staging, name), os.path.join(target, name))
             os.rmdir(staging)

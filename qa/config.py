@@ -1,6 +1,7 @@
 """Parsing the run's arguments: flags, or a JSON config file optionally followed by flags
 that override it (`run_qa.py configs/reference.json --output_dir runs/x`)."""
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from .args import DataArguments, ModelArguments, RunArguments
 from .errors import InputError
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
+logger = logging.getLogger(__name__)
 
 
 def to_flags(config: dict) -> list:
@@ -55,6 +57,13 @@ def parse_args(argv):
         config = _read_config(argv[0])
         argv = to_flags(config) + argv[1:]
     explicit = set(config) | {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    if _gpu_less_distributed_launch():
+        # Without a GPU the Trainer forms the process group only with use_cpu: otherwise each
+        # process would train alone on all the data under one world size and all of them would
+        # write the same files. What the user asked for is one group: gloo on the CPU.
+        logger.warning("%s processes started (WORLD_SIZE) and no GPU is visible here: training as one gloo "
+                       "group on the CPU (--use_cpu true)", os.environ["WORLD_SIZE"])
+        argv = argv + ["--use_cpu", "true"]
     parser = HfArgumentParser(DATACLASSES)
     try:
         model_args, data_args, run_args, training_args, unknown = parser.parse_args_into_dataclasses(
@@ -71,9 +80,24 @@ def parse_args(argv):
     return model_args, data_args, run_args, training_args, explicit
 
 
+def _gpu_less_distributed_launch() -> bool:
+    """torchrun (or srun) started several processes, and this one sees no GPU (none on the node,
+    or CUDA_VISIBLE_DEVICES empty)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return False
+    if world <= 1:
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def finalize(training_args, explicit: set) -> None:
     """Defaults that differ from transformers 5's: TensorBoard on unless asked otherwise, and
     its event files inside the run's output folder."""
     if "report_to" not in explicit:
         training_args.report_to = ["tensorboard"]
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(training_args.output_dir, "runs"))
+

@@ -10,7 +10,8 @@ An unanswerable question (SQuAD v2.0) has empty lists. Every split is checked be
 returned (see `_validate`); bad input raises `qa.errors.InputError`, whose one-line message
 names the file and the question and says how to fix it.
 
-Accepted files (each may also be gzip-compressed, with a `.gz` suffix):
+Accepted files (each may also be gzip-compressed: recognised by its content, with or without a
+`.gz` suffix):
 
 * `.json`: the official SQuAD JSON exactly as published (v1.1 or v2.0):
   `{"version": ..., "data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question",
@@ -30,7 +31,10 @@ its answers in one of these forms:
 * two columns `answer_text` and `answer_start`, each a single value (one answer per row) or a
   list; both empty means "no answer".
 
-Other columns are ignored. A test file (split "test") may leave the answers out entirely.
+Other columns are ignored. A file to predict on (split "test") may carry no answers at all: no
+`answers` field in any question, no answers column, or, for SQuAD v1.1 (which has no unanswerable
+questions), empty answer lists everywhere. Its dataset then has no `answers` column, so nothing
+downstream mistakes "no labels" for "no answer".
 
 Checks, each an InputError: the file exists, is readable, decompresses and decodes as UTF-8;
 JSON parses (the message gives line and column); the layout and columns are known (the message
@@ -59,6 +63,7 @@ SPLITS = ("train", "validation", "test")
 EXPECTED_COLUMNS = ("id, title (optional), context, question, and answers "
                     "(or answer_text + answer_start)")
 SETUP_SCRIPT = "setup_bert.sh"
+GZIP_MAGIC = b"\x1f\x8b"
 # Seed offsets of the synthetic evaluation splits, so they never repeat the training questions.
 SYNTHETIC_SEED_OFFSET = {"train": 0, "validation": 1_000_003, "test": 2_000_006}
 
@@ -116,12 +121,61 @@ def load_raw_datasets(data_args, splits: Sequence[str] = SPLITS, cache_dir: Opti
     return DatasetDict(out)
 
 
+@dataclass(frozen=True)
+class SquadFile:
+    """A data file as read: its questions and what the file says about itself."""
+    dataset: "object"            # datasets.Dataset; no `answers` column when `labelled` is False
+    version: Optional[str]       # the official JSON's "version" field, if any
+    version_2: bool              # SQuAD v2.0: declared "v2.0", or some question is_impossible
+    labelled: bool
+
+
 def read_squad_file(path, version_2_with_negative: bool = False, require_answers: bool = True):
     """Read and validate one file in any accepted format; return a `datasets.Dataset`."""
+    return load_squad_file(path, version_2_with_negative, require_answers).dataset
+
+
+def load_squad_file(path, version_2_with_negative: Optional[bool] = None, require_answers: bool = True,
+                    check_answer_spans: bool = True) -> SquadFile:
+    """Read and validate one file in any accepted format.
+
+    `version_2_with_negative` None: as the file declares itself (what the official scorers do).
+    `require_answers` False: the file may be unlabelled (see the module docstring).
+    `check_answer_spans` False skips only the check that each answer sits at its answer_start:
+    scoring compares answer texts, so a position that is off matters to training, not to the metric.
+    """
+    path = os.fspath(path)
     with _gc_paused():
-        table = _read_table(os.fspath(path), require_answers)
-        _validate(table, version_2_with_negative)
-        return table.to_dataset()
+        table = _read_table(path, require_answers)
+        version_2 = table.declares_v2 if version_2_with_negative is None else version_2_with_negative
+        if not require_answers and not version_2 and not any(a["text"] for a in table.answers):
+            table.has_answers = False  # v1.1 knows no unanswerable question: empty lists mean no labels
+        _validate(table, version_2, check_answer_spans)
+        return SquadFile(table.to_dataset(), table.version, version_2, table.has_answers)
+
+
+def read_json(path):
+    """A JSON file (plain or gzip, recognised by its content) parsed, or an InputError naming it."""
+    path = os.fspath(path)
+    text = _read_file(path, decode=True)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _json_error(path, exc) from exc
+
+
+def load_squad_json(path) -> dict:
+    """The official SQuAD JSON at `path` as parsed, after the layout checks every reader applies."""
+    obj = read_json(path)
+    _table_from_parsed(obj, os.fspath(path), require_answers=True)
+    return obj
+
+
+def is_squad_v2(squad_json: dict) -> bool:
+    """Whether parsed official SQuAD JSON is v2.0: version "v2.0", or some question is_impossible."""
+    return squad_json.get("version") == "v2.0" or any(
+        qa.get("is_impossible") is True for article in squad_json["data"]
+        for paragraph in article["paragraphs"] for qa in paragraph["qas"])
 
 
 def select_articles(dataset, spec: str, option: str = "--train_articles", source: str = "the data"):
@@ -174,6 +228,8 @@ class _Table:
     question: List[str] = field(default_factory=list)
     answers: List[dict] = field(default_factory=list)
     has_answers: bool = True     # False: a test file without any answers
+    version: Optional[str] = None  # the official JSON's "version" field
+    declares_v2: bool = False    # version "v2.0" or a question marked is_impossible
     locate: Callable[[int], str] = lambda i: f"record {i + 1}"
 
     def name(self, i: int) -> str:
@@ -186,7 +242,9 @@ class _Table:
         import pyarrow as pa
         from datasets import Dataset, DatasetInfo
         features = squad_features()
-        arrow = pa.Table.from_pydict({c: getattr(self, c) for c in COLUMNS},
+        if not self.has_answers:  # unlabelled: no answers column rather than one of empty lists
+            del features["answers"]
+        arrow = pa.Table.from_pydict({c: getattr(self, c) for c in features},
                                      schema=features.arrow_schema)
         return Dataset(arrow, info=DatasetInfo(features=features))
 
@@ -212,14 +270,14 @@ def _read_table(path: str, require_answers: bool) -> _Table:
 
 def _file_kind(path: str) -> str:
     name = path.lower()
-    name = name[:-3] if name.endswith(".gz") else name
+    name = name[:-3] if name.endswith(".gz") else name  # the content says whether it is compressed
     for suffixes, kind in (((".json",), "json"), ((".jsonl", ".ndjson"), "jsonl"),
                            ((".csv",), "csv"), ((".parquet", ".pq"), "parquet")):
         if name.endswith(suffixes):
             return kind
     raise InputError(path, f"unknown file type {os.path.splitext(name)[1] or '(no suffix)'!r}",
                      "use .json (official SQuAD or flat records), .jsonl, .csv or .parquet, "
-                     "optionally gzip-compressed with a .gz suffix")
+                     "optionally gzip-compressed (a .gz suffix may follow)")
 
 
 def _read_file(path: str, decode: bool):
@@ -234,13 +292,16 @@ def _read_file(path: str, decode: bool):
     except OSError as exc:
         raise InputError(path, f"cannot be read ({exc.strerror or exc})",
                          "check the file's permissions") from exc
-    if path.lower().endswith(".gz"):
+    if path.lower().endswith(".gz") and data[:2] != GZIP_MAGIC:
+        raise InputError(path, "is named .gz but is not gzip-compressed",
+                         "drop the .gz suffix, or compress the file with gzip")
+    if data[:2] == GZIP_MAGIC:  # by content: a gzipped file keeps working whatever its name
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise InputError(path, f"is not a valid gzip file ({exc})",
-                             "re-create it with gzip, or drop the .gz suffix if it is not "
-                             "compressed") from exc
+                             "re-create it with gzip (it starts like one but is damaged or "
+                             "truncated)") from exc
     if not decode:
         return data
     try:
@@ -268,6 +329,10 @@ def _table_from_json_text(text: str, path: str, require_answers: bool) -> _Table
             return _table_from_records(_parse_json_lines(text, path), path, require_answers,
                                        lines=True)
         raise _json_error(path, exc) from exc
+    return _table_from_parsed(obj, path, require_answers)
+
+
+def _table_from_parsed(obj, path: str, require_answers: bool) -> _Table:
     if isinstance(obj, dict) and isinstance(obj.get("data"), list):
         items = obj["data"]
     elif isinstance(obj, list):
@@ -279,7 +344,10 @@ def _table_from_json_text(text: str, path: str, require_answers: bool) -> _Table
                          '"paragraphs": [...]}]}, a list of records or {"data": [records]} with '
                          f"columns {EXPECTED_COLUMNS}")
     if items and isinstance(items[0], dict) and "paragraphs" in items[0]:
-        return _table_from_nested(items, path, require_answers)
+        table = _table_from_nested(items, path, require_answers)
+        table.version = _text(obj.get("version")) or None if isinstance(obj, dict) else None
+        table.declares_v2 |= table.version == "v2.0"
+        return table
     return _table_from_records(items, path, require_answers)
 
 
@@ -354,6 +422,7 @@ def _table_from_nested(articles: list, path: str, require_answers: bool) -> _Tab
                 table.question.append(_text(_field(qa, "question", None, where)))
                 table.answers.append(_nested_answers(qa, where, require_answers))
                 table.has_answers |= "answers" in qa
+                table.declares_v2 |= qa.get("is_impossible") is True
                 places.append(place)
     table.locate = places.__getitem__
     return _non_empty(table)
@@ -527,7 +596,7 @@ def _short(value, limit: int = 60) -> str:
 # Validation
 
 
-def _validate(table: _Table, version_2_with_negative: bool) -> None:
+def _validate(table: _Table, version_2_with_negative: bool, check_answer_spans: bool = True) -> None:
     """Check a table; raise InputError for the first problem found (and say how many like it)."""
     _check_not_empty(table, table.id, "id", "give every question a unique id")
     _check_not_empty(table, table.question, "question", "write the question or delete it")
@@ -535,7 +604,7 @@ def _validate(table: _Table, version_2_with_negative: bool) -> None:
     _check_unique_ids(table)
     if table.has_answers and not version_2_with_negative:
         _check_answerable(table)
-    _check_answers(table)
+    _check_answers(table, check_answer_spans)
 
 
 def _check_not_empty(table: _Table, values: List[str], column: str, fix: str) -> None:
@@ -562,17 +631,19 @@ def _check_answerable(table: _Table) -> None:
         raise InputError(table.name(bad[0]), f"has no answer: this is SQuAD v2.0 data ({len(bad)}"
                          f" of {len(table.id)} questions are unanswerable)",
                          "pass --version_2_with_negative to train and evaluate with unanswerable "
-                         "questions (or remove them)")
+                         "questions, or remove them (the scorer takes a file as SQuAD v2.0 when its "
+                         "version is \"v2.0\" or a question is marked \"is_impossible\": true)")
 
 
-def _check_answers(table: _Table) -> None:
-    """Every answer text must be non-empty and sit exactly at its answer_start in the context."""
+def _check_answers(table: _Table, check_spans: bool = True) -> None:
+    """Every answer text must be non-empty and (`check_spans`) sit exactly at its answer_start in
+    the context."""
     empty, wrong = [], []
     for i, (context, answers) in enumerate(zip(table.context, table.answers)):
         for text, start in zip(answers["text"], answers["answer_start"]):
             if not text:
                 empty.append((i, start))
-            elif start < 0 or context[start:start + len(text)] != text:
+            elif check_spans and (start < 0 or context[start:start + len(text)] != text):
                 wrong.append((i, text, start))
     if empty:
         i, start = empty[0]

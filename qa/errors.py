@@ -1,11 +1,30 @@
-"""The one error type for bad user input.
+"""The project's one error type for what a user must fix, and the one way a command reports it.
 
-Its message is a single line that names the file or record at fault and says how to fix it;
-`run_qa.py` prints it as `error: <message>` and exits with status 2.
+An `InputError`'s message is a single line that names the file, record or setting at fault and
+says how to fix it. Every command of the project (run_qa.py, utils_qa.py score, tools/prefetch.py,
+tools/scaling_report.py, ...) runs its main function through `command`, which prints the message
+as `error: <message>` on stderr and exits with status 2; anything else is a bug and keeps its
+traceback.
 """
+import functools
+import sys
+
+EXIT_INPUT_ERROR = 2
 
 
 class InputError(Exception):
     def __init__(self, where: str, problem: str, fix: str):
         self.where, self.problem, self.fix = where, problem, fix
         super().__init__(f"{where}: {problem}. Fix: {fix}")
+
+
+def command(main):
+    """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and exit 2."""
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except InputError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_INPUT_ERROR
+    return run

@@ -18,17 +18,18 @@ its "Missing prediction" notes to stdout, in the way of its JSON), bad input giv
 `error: ...` instead of a traceback, and the precision-recall plots are not produced.
 
 Public API: `normalize_answer`, `squad_v1_scores`, `squad_v2_scores`, `squad_scores`,
-`scores_from_examples`, `load_squad_json`, `is_squad_v2`, `main` (the `score` command).
+`scores_from_examples`, `main` (the `score` command). Files are read by qa.data, the project's one
+reader of SQuAD files (its `load_squad_json` and `is_squad_v2` are re-exported here).
 """
 import argparse
 import collections
-import gzip
 import json
 import re
 import string
 import sys
 
-from qa.errors import InputError
+from qa.data import is_squad_v2, load_squad_file, load_squad_json, read_json  # noqa: F401
+from qa.errors import InputError, command
 
 # ---------------------------------------------------------------------------------------------
 # Answer normalisation and per-answer scores
@@ -101,24 +102,34 @@ def _v2_golds(answer_texts):
 
 # ---------------------------------------------------------------------------------------------
 # Dataset-level scores
+#
+# Every score is computed from (question id, gold answer texts) pairs in dataset order: the
+# official JSON gives them through `_questions`, flat examples (the Hub's layout, the datasets the
+# Trainer evaluates) through `_flat_questions`, and both feed the same functions.
 # ---------------------------------------------------------------------------------------------
 
 def _questions(dataset):
-    """(id, gold answer texts) of every question, in dataset order."""
+    """(id, gold answer texts) of every question of the official JSON's "data" list, in order."""
     for article in dataset:
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
                 yield qa["id"], [answer["text"] for answer in qa["answers"]]
 
 
-def squad_v1_scores(dataset, predictions) -> dict:
-    """{"exact_match", "f1"} in percent, as `evaluate-v1.1.py` computes them.
+def _flat_questions(examples):
+    """(id, gold answer texts) of flat examples: a datasets.Dataset, or dicts with "id" and
+    "answers" = {"text": [...], ...}; for SQuAD v2.0 an empty text list means unanswerable."""
+    if hasattr(examples, "with_format"):  # a datasets.Dataset: read whole columns, not row by row
+        table = examples.with_format("arrow")
+        ids = table["id"].to_pylist()
+        texts = [a["text"] for a in table["answers"].to_pylist()]
+        return list(zip(ids, texts))
+    return [(example["id"], list(example["answers"]["text"])) for example in examples]
 
-    `dataset` is the list under the official JSON's "data" key; `predictions` maps question id to
-    answer text. A question without a prediction scores 0 (as in the official script).
-    """
+
+def _v1_scores(questions, predictions) -> dict:
     exact_total = f1_total = count = 0
-    for qid, golds in _questions(dataset):
+    for qid, golds in questions:
         count += 1
         if qid not in predictions:
             continue
@@ -132,6 +143,15 @@ def squad_v1_scores(dataset, predictions) -> dict:
     if count == 0:
         raise InputError("dataset", "contains no questions", "score a dataset that has questions")
     return {"exact_match": 100.0 * exact_total / count, "f1": 100.0 * f1_total / count}
+
+
+def squad_v1_scores(dataset, predictions) -> dict:
+    """{"exact_match", "f1"} in percent, as `evaluate-v1.1.py` computes them.
+
+    `dataset` is the list under the official JSON's "data" key; `predictions` maps question id to
+    answer text. A question without a prediction scores 0 (as in the official script).
+    """
+    return _v1_scores(_questions(dataset), predictions)
 
 
 def _percentages(exact_scores, f1_scores, qids):
@@ -167,25 +187,15 @@ def _best_threshold(predictions, raw_scores, na_probs, has_answer):
     return 100.0 * best_score / len(raw_scores), best_thresh
 
 
-def squad_v2_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> collections.OrderedDict:
-    """The official `evaluate-v2.0.py` result, as an OrderedDict in its key order.
-
-    exact, f1, total; then HasAns_exact/f1/total when some question has gold answers and
-    NoAns_exact/f1/total when some has none; then, when `na_probs` (question id -> probability
-    that it has no answer) is given, best_exact, best_exact_thresh, best_f1, best_f1_thresh.
-    A question whose no-answer probability exceeds `na_prob_thresh` is scored as answered "".
-
-    Deliberate difference from the official script: a question missing from `predictions` scores
-    0 and stays in every total (the official drops it from `total`, or crashes).
-    """
+def _v2_scores(questions, predictions, na_probs=None, na_prob_thresh=1.0) -> collections.OrderedDict:
     has_answer = {}  # dicts keyed by id, as the official's: a repeated id keeps one entry
     exact_raw, f1_raw = {}, {}
-    for qid, golds in _questions(dataset):
+    for qid, golds in questions:
         has_answer[qid] = bool(golds)
         if qid in predictions:
             exact_raw[qid], f1_raw[qid] = _v2_question_scores(predictions[qid], _v2_golds(golds))
         else:
-            exact_raw[qid] = f1_raw[qid] = 0  # see the docstring: wrong, but still counted
+            exact_raw[qid] = f1_raw[qid] = 0  # see squad_v2_scores: wrong, but still counted
     if not exact_raw:
         raise InputError("dataset", "contains no questions", "score a dataset that has questions")
 
@@ -215,143 +225,38 @@ def squad_v2_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> 
     return result
 
 
-def squad_scores(dataset, predictions, version_2_with_negative: bool, na_probs=None, na_prob_thresh=1.0):
-    """`squad_v2_scores` when `version_2_with_negative`, else `squad_v1_scores`."""
+def squad_v2_scores(dataset, predictions, na_probs=None, na_prob_thresh=1.0) -> collections.OrderedDict:
+    """The official `evaluate-v2.0.py` result, as an OrderedDict in its key order.
+
+    exact, f1, total; then HasAns_exact/f1/total when some question has gold answers and
+    NoAns_exact/f1/total when some has none; then, when `na_probs` (question id -> probability
+    that it has no answer) is given, best_exact, best_exact_thresh, best_f1, best_f1_thresh.
+    A question whose no-answer probability exceeds `na_prob_thresh` is scored as answered "".
+
+    Deliberate difference from the official script: a question missing from `predictions` scores
+    0 and stays in every total (the official drops it from `total`, or crashes).
+    """
+    return _v2_scores(_questions(dataset), predictions, na_probs, na_prob_thresh)
+
+
+def _scores(questions, predictions, version_2_with_negative, na_probs, na_prob_thresh):
     if version_2_with_negative:
-        return squad_v2_scores(dataset, predictions, na_probs=na_probs, na_prob_thresh=na_prob_thresh)
+        return _v2_scores(questions, predictions, na_probs=na_probs, na_prob_thresh=na_prob_thresh)
     if na_probs is not None:
         raise ValueError("no-answer probabilities apply only to SQuAD v2.0 scoring")
-    return squad_v1_scores(dataset, predictions)
+    return _v1_scores(questions, predictions)
+
+
+def squad_scores(dataset, predictions, version_2_with_negative: bool, na_probs=None, na_prob_thresh=1.0):
+    """`squad_v2_scores` when `version_2_with_negative`, else `squad_v1_scores`."""
+    return _scores(_questions(dataset), predictions, version_2_with_negative, na_probs, na_prob_thresh)
 
 
 def scores_from_examples(examples, predictions, version_2_with_negative: bool,
                          na_probs=None, na_prob_thresh=1.0):
-    """The same scores from flat examples: dicts with "id" and "answers" = {"text": [...], ...}.
-
-    This is the Hugging Face `rajpurkar/squad` / `squad_v2` layout; for v2.0 an empty text list
-    means unanswerable. The examples are rebuilt into the nested official layout and scored by
-    the same code, so the numbers equal the nested form's for the same questions in the same order.
-    """
-    qas = [
-        {"id": example["id"],
-         "answers": [{"text": text} for text in example["answers"]["text"]],
-         "is_impossible": not example["answers"]["text"]}
-        for example in examples
-    ]
-    dataset = [{"paragraphs": [{"qas": qas}]}]
-    return squad_scores(dataset, predictions, version_2_with_negative,
-                        na_probs=na_probs, na_prob_thresh=na_prob_thresh)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading files
-# ---------------------------------------------------------------------------------------------
-
-_LAYOUT_FIX = ('give it the official SQuAD layout {"data": [{"paragraphs": [{"qas": '
-               '[{"id": "...", "answers": [{"text": "..."}]}]}]}]}')
-
-
-def _json_type(value):
-    """How JSON calls the type of a parsed value, for error messages."""
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
-             float: "number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _read_json(path):
-    """Parse a JSON file, plain or gzip (recognised by its magic bytes, whatever its name)."""
-    where = str(path)
-    try:
-        with open(path, "rb") as raw:
-            compressed = raw.read(2) == b"\x1f\x8b"
-        opener = gzip.open if compressed else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise InputError(where, "no such file", "check the path") from None
-    except IsADirectoryError:
-        raise InputError(where, "is a directory, not a file", "give the path of a JSON file") from None
-    except PermissionError:
-        raise InputError(where, "cannot be read (permission denied)", "make the file readable") from None
-    except UnicodeDecodeError:
-        raise InputError(where, "is not UTF-8 text", "save it as UTF-8 JSON") from None
-    except json.JSONDecodeError as err:
-        raise InputError(where, f"is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})",
-                         "repair or regenerate the file") from None
-    except (OSError, EOFError) as err:  # a damaged or truncated gzip stream, or an unreadable disk
-        problem = f"cannot be read ({err})" if str(err) else f"cannot be read ({type(err).__name__})"
-        raise InputError(where, problem.replace("\n", " "), "repair or regenerate the file") from None
-
-
-def _check_layout(squad_json, where):
-    """Raise InputError unless `squad_json` has the nested data -> paragraphs -> qas layout."""
-    def require(condition, problem):
-        if not condition:
-            raise InputError(where, problem, _LAYOUT_FIX)
-
-    require(isinstance(squad_json, dict), f"holds a JSON {_json_type(squad_json)}, not an object")
-    require(isinstance(squad_json.get("data"), list), 'has no "data" list')
-    for a, article in enumerate(squad_json["data"]):
-        at = f"data[{a}]"
-        require(isinstance(article, dict) and isinstance(article.get("paragraphs"), list),
-                f'{at} has no "paragraphs" list')
-        for p, paragraph in enumerate(article["paragraphs"]):
-            at = f"data[{a}].paragraphs[{p}]"
-            require(isinstance(paragraph, dict) and isinstance(paragraph.get("qas"), list),
-                    f'{at} has no "qas" list')
-            for q, qa in enumerate(paragraph["qas"]):
-                at = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                require(isinstance(qa, dict), f"{at} is not an object")
-                require(isinstance(qa.get("id"), str), f'{at} has no string "id"')
-                require(isinstance(qa.get("answers"), list), f'{at} has no "answers" list')
-                for n, answer in enumerate(qa["answers"]):
-                    require(isinstance(answer, dict) and isinstance(answer.get("text"), str),
-                            f'{at}.answers[{n}] has no string "text"')
-
-
-def load_squad_json(path) -> dict:
-    """The parsed official SQuAD JSON file at `path` (plain or gzip), its layout checked."""
-    squad_json = _read_json(path)
-    _check_layout(squad_json, str(path))
-    return squad_json
-
-
-def is_squad_v2(squad_json) -> bool:
-    """Whether a parsed SQuAD file is v2.0: version "v2.0", or some question `is_impossible`."""
-    if squad_json.get("version") == "v2.0":
-        return True
-    return any(qa.get("is_impossible") is True
-               for article in squad_json["data"]
-               for paragraph in article["paragraphs"]
-               for qa in paragraph["qas"])
-
-
-def _load_predictions(path):
-    predictions = _read_json(path)
-    fix = "write a JSON object mapping each question id to its answer text"
-    if not isinstance(predictions, dict):
-        raise InputError(str(path), f"holds a JSON {_json_type(predictions)}, not an object", fix)
-    for qid, answer in predictions.items():
-        if not isinstance(answer, str):
-            raise InputError(str(path), f"the answer for question {qid!r} is a JSON "
-                                        f"{_json_type(answer)}, not a string", fix)
-    return predictions
-
-
-def _load_na_probs(path, dataset, predictions):
-    na_probs = _read_json(path)
-    fix = "write a JSON object mapping each question id to its probability of having no answer"
-    if not isinstance(na_probs, dict):
-        raise InputError(str(path), f"holds a JSON {_json_type(na_probs)}, not an object", fix)
-    for qid, prob in na_probs.items():
-        if isinstance(prob, bool) or not isinstance(prob, (int, float)):
-            raise InputError(str(path), f"the probability for question {qid!r} is a JSON "
-                                        f"{_json_type(prob)}, not a number", fix)
-    # Every answered question is compared with the threshold, so each needs a probability.
-    for qid, _ in _questions(dataset):
-        if qid in predictions and qid not in na_probs:
-            raise InputError(str(path), f"has no probability for question {qid!r}", fix)
-    return na_probs
+    """The same scores from flat examples (see `_flat_questions`), scored directly: the numbers
+    equal the official JSON's for the same questions in the same order."""
+    return _scores(_flat_questions(examples), predictions, version_2_with_negative, na_probs, na_prob_thresh)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,11 +283,46 @@ def _parser():
     return parser
 
 
+def _load_predictions(path):
+    predictions = read_json(path)
+    fix = "write a JSON object mapping each question id to its answer text"
+    if not isinstance(predictions, dict):
+        raise InputError(str(path), f"holds a JSON {_json_type(predictions)}, not an object", fix)
+    for qid, answer in predictions.items():
+        if not isinstance(answer, str):
+            raise InputError(str(path), f"the answer for question {qid!r} is a JSON "
+                                        f"{_json_type(answer)}, not a string", fix)
+    return predictions
+
+
+def _load_na_probs(path, qids, predictions):
+    na_probs = read_json(path)
+    fix = "write a JSON object mapping each question id to its probability of having no answer"
+    if not isinstance(na_probs, dict):
+        raise InputError(str(path), f"holds a JSON {_json_type(na_probs)}, not an object", fix)
+    for qid, prob in na_probs.items():
+        if isinstance(prob, bool) or not isinstance(prob, (int, float)):
+            raise InputError(str(path), f"the probability for question {qid!r} is a JSON "
+                                        f"{_json_type(prob)}, not a number", fix)
+    # Every answered question is compared with the threshold, so each needs a probability.
+    for qid in qids:
+        if qid in predictions and qid not in na_probs:
+            raise InputError(str(path), f"has no probability for question {qid!r}", fix)
+    return na_probs
+
+
+def _json_type(value):
+    """How JSON calls the type of a parsed value, for error messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+             float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 _MAX_MISSING_NOTES = 5
 
 
-def _warn_missing(dataset, predictions, version_2):
-    missing = [qid for qid, _ in _questions(dataset) if qid not in predictions]
+def _warn_missing(qids, predictions, version_2):
+    missing = [qid for qid in qids if qid not in predictions]
     for qid in missing[:_MAX_MISSING_NOTES]:
         print(f"Unanswered question {qid} will receive score 0.", file=sys.stderr)
     if len(missing) > _MAX_MISSING_NOTES:
@@ -393,37 +333,28 @@ def _warn_missing(dataset, predictions, version_2):
 
 
 def _score_files(args):
-    squad_json = load_squad_json(args.dataset_file)
-    dataset = squad_json["data"]
-    version_2 = is_squad_v2(squad_json)
+    # The project's one reader: the same layout checks and messages as training and evaluation
+    # (answer positions are not checked: the metric compares texts).
+    squad = load_squad_file(args.dataset_file, check_answer_spans=False)
+    questions = _flat_questions(squad.dataset)
+    qids = [qid for qid, _ in questions]
     predictions = _load_predictions(args.predictions_file)
-
-    if version_2:
-        na_probs = (_load_na_probs(args.na_prob_file, dataset, predictions)
+    if squad.version_2:
+        na_probs = (_load_na_probs(args.na_prob_file, qids, predictions)
                     if args.na_prob_file is not None else None)
     else:
         if args.na_prob_file is not None:
             raise InputError(args.na_prob_file, "was given, but the dataset is SQuAD v1.1, which has "
                              "no unanswerable questions", "leave out --na-prob-file")
-        for qid, golds in _questions(dataset):
-            if not golds:
-                raise InputError(args.dataset_file, f"question {qid!r} has no answers, but the file is "
-                                 'not SQuAD v2.0 (no "is_impossible": true, version not "v2.0")',
-                                 'mark unanswerable questions with "is_impossible": true')
-        if "version" in squad_json and squad_json["version"] != "1.1":
-            print(f"Evaluation expects v-1.1, but got dataset with v-{squad_json['version']}", file=sys.stderr)
+        if squad.version is not None and squad.version != "1.1":
+            print(f"Evaluation expects v-1.1, but got dataset with v-{squad.version}", file=sys.stderr)
         na_probs = None
-
-    if not any(True for _ in _questions(dataset)):
-        raise InputError(args.dataset_file, "contains no questions", "score a dataset that has questions")
-    _warn_missing(dataset, predictions, version_2)
-
-    if version_2:
-        result = squad_v2_scores(dataset, predictions, na_probs=na_probs, na_prob_thresh=args.na_prob_thresh)
-        return json.dumps(result, indent=2)
-    return json.dumps(squad_v1_scores(dataset, predictions))
+    _warn_missing(qids, predictions, squad.version_2)
+    result = _scores(questions, predictions, squad.version_2, na_probs, args.na_prob_thresh)
+    return json.dumps(result, indent=2) if squad.version_2 else json.dumps(result)
 
 
+@command
 def main(argv=None) -> int:
     """`score DATASET_FILE PREDICTIONS_FILE [--na-prob-file F] [--na-prob-thresh T]`.
 
@@ -432,13 +363,9 @@ def main(argv=None) -> int:
     """
     try:
         args = _parser().parse_args(argv)
-        output = _score_files(args)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except SystemExit as exit_:  # --help
         return exit_.code if isinstance(exit_.code, int) else 0
-    print(output)
+    print(_score_files(args))
     return 0
 
 

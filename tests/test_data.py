@@ -176,7 +176,8 @@ def test_test_file_may_leave_answers_out(tmp_path):
     rows = [{k: v for k, v in r.items() if k != "answers"} for r in expected_rows()]
     path = write_jsonl(tmp_path / "test.jsonl", rows)
     test = load_raw_datasets(DataArguments(test_file=str(path)), splits=("test",))["test"]
-    assert test["answers"] == [{"text": [], "answer_start": []}] * len(rows)
+    # No labels is not "no answer": the split carries no answers column at all.
+    assert "answers" not in test.column_names and test["id"] == [r["id"] for r in rows]
     with pytest.raises(InputError, match="missing column"):
         load_raw_datasets(DataArguments(train_file=str(path)), splits=("train",))
 
@@ -500,3 +501,79 @@ def test_synthetic(v2):
     assert data["train"]["context"] != data["validation"]["context"][:30]
     again = load_raw_datasets(args, splits=("train",))
     assert again["train"].to_list() == data["train"].to_list()
+
+
+# ------------------------------------------------------------------------------------------------
+# One reader for training, evaluation and scoring
+
+
+def test_gzip_is_recognised_by_content_whatever_the_name(tmp_path, capsys):
+    """A gzipped official file named .json trains and scores alike (the loader once went by the
+    suffix and the scorer by the content)."""
+    from qa import metric
+
+    path = tmp_path / "dev.json"
+    path.write_bytes(gzip.compress(json.dumps(official()).encode()))
+    data = load_raw_datasets(DataArguments(train_file=str(path)), splits=("train",))["train"]
+    assert data["id"] == [r["id"] for r in expected_rows()]
+    preds = write_json(tmp_path / "preds.json", {r["id"]: r["answers"]["text"][0] for r in expected_rows()})
+    assert metric.main([str(path), str(preds)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"exact_match": 100.0, "f1": 100.0}
+
+
+BAD_FOR_BOTH = {
+    "not an object or list": ('"hello"', "unknown layout"),
+    "no paragraphs or columns": ('{"data": [{"title": "t"}]}', "missing column"),
+    "question without id": ('{"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": '
+                            '[{"question": "q", "answers": []}]}]}]}', "has no 'id' field"),
+    "answers of an unknown form": ('{"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": '
+                                   '[{"id": "a", "question": "q", "answers": [{"start": 0}]}]}]}]}',
+                                   "unknown form"),
+    "repeated id": ('{"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": ['
+                    '{"id": "a", "question": "q", "answers": [{"text": "c", "answer_start": 0}]}, '
+                    '{"id": "a", "question": "q", "answers": [{"text": "c", "answer_start": 0}]}]}]}]}',
+                    "occurs 2 times"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FOR_BOTH))
+def test_loader_and_scorer_reject_a_file_with_the_same_message(case, tmp_path, capsys):
+    from qa import metric
+
+    text, words = BAD_FOR_BOTH[case]
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_raw_datasets(DataArguments(validation_file=str(path)), splits=("validation",))
+    preds = write_json(tmp_path / "preds.json", {"a": "c"})
+    assert metric.main([str(path), str(preds)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {info.value}"
+    assert words in str(info.value) and str(path) in str(info.value)
+
+
+def test_file_named_gz_that_is_not_compressed(tmp_path):
+    path = tmp_path / "dev.json.gz"
+    path.write_text(json.dumps(official()))
+    with pytest.raises(InputError, match=r"dev.json.gz: is named .gz but is not gzip-compressed\. Fix: drop"):
+        read_squad_file(path)
+
+
+@pytest.mark.parametrize("empty", [True, False])
+def test_unlabelled_test_split(tmp_path, empty):
+    """A SQuAD v1.1 file to predict on, without answers or with empty answer lists everywhere,
+    loads without an answers column; as v2.0 data empty lists mean "unanswerable" and stay."""
+    data = official()
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                if empty:
+                    qa["answers"] = []
+                else:
+                    del qa["answers"]
+    path = write_json(tmp_path / "test.json", data)
+    test = load_raw_datasets(DataArguments(test_file=str(path)), splits=("test",))["test"]
+    assert "answers" not in test.column_names and len(test) == len(expected_rows())
+    v2 = load_raw_datasets(DataArguments(test_file=str(path), version_2_with_negative=True), splits=("test",))
+    assert ("answers" in v2["test"].column_names) == empty
+    with pytest.raises(InputError, match="version_2_with_negative" if empty else "has no 'answers' field"):
+        load_raw_datasets(DataArguments(validation_file=str(path)), splits=("validation",))

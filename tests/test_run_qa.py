@@ -1,6 +1,7 @@
 """run_qa.py end to end, on CPU and offline: it must learn, record what it did, agree with
 itself under torchrun, and refuse bad input cleanly."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -214,3 +215,100 @@ def test_checkpoints_are_marked_rotated_and_resumed(tmp_path, tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
     assert list(out.glob("previous-*/checkpoint-6"))
+
+
+def _unlabelled_official(path, version_2=False):
+    """An official-format file with three questions and no answers at all (as one to predict on)."""
+    contexts = ["Paris is the capital of France and its largest city.",
+                "The Nile flows north through eleven countries into the Mediterranean Sea."]
+    qas = [[{"id": "u1", "question": "What is the capital of France?"},
+            {"id": "u2", "question": "Which is the largest city of France?"}],
+           [{"id": "u3", "question": "Where does the Nile flow into?"}]]
+    data = {"version": "v2.0" if version_2 else "1.1",
+            "data": [{"title": f"T{i}", "paragraphs": [{"context": c, "qas": q}]}
+                     for i, (c, q) in enumerate(zip(contexts, qas))]}
+    return _write(path, data)
+
+
+def _unlabelled_jsonl(path):
+    rows = [{"id": "j1", "title": "T", "context": "Paris is the capital of France.", "question": "Capital?"},
+            {"id": "j2", "title": "T", "context": "The Nile flows north.", "question": "Which way?"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["official v1.1", "official v2.0", "json lines"])
+def test_predict_on_unlabelled_questions(kind, tmp_path, monkeypatch):
+    """--do_predict on a file without answers: a prediction for every question, no F1/EM/loss,
+    the results files written, exit 0 (in-process: a tiny random model, no training)."""
+    from run_qa import main
+
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    version_2 = kind == "official v2.0"
+    test_file = (_unlabelled_jsonl(tmp_path / "test.jsonl") if kind == "json lines"
+                 else _unlabelled_official(tmp_path / "test.json", version_2))
+    out = tmp_path / "out"
+    args = ["--model_name_or_path", "bundled:tiny-bert", "--do_predict", "--test_file", test_file,
+            "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32", "--use_cpu", "true",
+            "--report_to", "none", "--output_dir", str(out)] + (["--version_2_with_negative"] if version_2 else [])
+    assert main(args) == 0
+    ids = {"json lines": ["j1", "j2"]}.get(kind, ["u1", "u2", "u3"])
+    predictions = json.loads((out / "predict_predictions.json").read_text())
+    assert sorted(predictions) == ids and all(isinstance(p, str) for p in predictions.values())
+    assert sorted(json.loads((out / "predict_nbest_predictions.json").read_text())) == ids
+    assert (out / "predict_null_odds.json").is_file() == version_2
+    metrics = json.loads((out / "predict_results.json").read_text())
+    assert metrics["predict_examples"] == len(ids) and metrics["predict_runtime"] >= 0
+    assert not [k for k in metrics if k.endswith(("_f1", "_exact_match", "_exact", "_loss"))], metrics
+    assert json.loads((out / "all_results.json").read_text())["WALL_CLOCK_SECONDS"] > 0
+
+
+def test_torchrun_without_gpu_trains_as_one_gloo_group(tmp_path, tmp_path_factory):
+    """A GPU config (no use_cpu) started by torchrun on a machine without a GPU: the two
+    processes train as one gloo group (half the steps each), not as two lone copies."""
+    env = _env(tmp_path_factory)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the same on a GPU machine with its GPUs hidden
+    out = tmp_path / "run"
+    proc = run_qa([str(REPO / "configs" / "smoke_tiny.json"), "--use_cpu", "false", "--do_eval", "false",
+                   "--save_strategy", "no", "--report_to", "none", "--output_dir", str(out)], env,
+                  launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no GPU is visible here: training as one gloo group" in proc.stderr
+    record = json.loads((out / "environment.json").read_text())
+    assert record["distributed"]["WORLD_SIZE"] == "2" and record["config"]["use_cpu"] is True
+    features = results(out)["train_features"]
+    steps = json.loads((out / "trainer_state.json").read_text())["global_step"]
+    assert steps == math.ceil(features / (2 * 4)), (steps, features)  # batch 4 on each of 2 ranks
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077], ids=["umask-022", "umask-077"])
+def test_written_files_take_the_umask(mask, tmp_path, monkeypatch):
+    """Results, predictions, profile tables, checkpoints and model weights get the mode any new
+    file gets under the user's umask (0644 under 022: readable by the group on a shared cluster),
+    not the 0600 of temporary files."""
+    from run_qa import main
+
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    out = tmp_path / "out"
+    old = os.umask(mask)
+    try:
+        code = main([*TINY, "--synthetic_train_examples", "64", "--synthetic_eval_examples", "16",
+                     "--do_train", "--do_eval", "--do_predict", "--max_steps", "4", "--save_strategy", "steps",
+                     "--save_steps", "2", "--profile", "true", "--profile_wait", "0", "--profile_warmup", "0",
+                     "--profile_active", "1", "--output_dir", str(out)])
+    finally:
+        os.umask(old)
+    assert code == 0
+    files = {p.relative_to(out).as_posix(): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    for name in ("all_results.json", "eval_results.json", "environment.json", "results.md", "predictions.json",
+                 "predict_predictions.json", "model.safetensors", "checkpoint-4/model.safetensors",
+                 "checkpoint-4/checkpoint_complete.json", "profile/operators.txt", "profile/profile.json"):
+        assert name in files, name
+    wrong = {name: oct(m) for name, m in files.items() if m != 0o666 & ~mask}
+    assert not wrong, wrong
+    folders = {p.relative_to(out).as_posix(): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_dir()}
+    assert all(m == 0o777 & ~mask for m in folders.values()), folders
