@@ -49,6 +49,19 @@ def _tokenizer_digest(tokenizer) -> str:
     definition = json.loads(tokenizer.backend_tokenizer.to_str())
     for key in _TOKENIZER_CALL_STATE:
         definition.pop(key, None)
+    # Settings that live on the Python side, not in the backend's definition, and change the
+    # features: the padding side picks the question/context order, the truncation side which end
+    # of a context the windows start from, the input names whether token_type_ids are made, and
+    # the special tokens what padding and the CLS label are.
+    definition["python_side"] = {
+        "padding_side": getattr(tokenizer, "padding_side", None),
+        "truncation_side": getattr(tokenizer, "truncation_side", None),
+        "model_input_names": list(getattr(tokenizer, "model_input_names", []) or []),
+        "special_tokens": {name: [str(token), tokenizer.convert_tokens_to_ids(str(token))]
+                           for name, token in sorted(tokenizer.special_tokens_map.items())
+                           if isinstance(token, str)},
+        "pad_token_type_id": getattr(tokenizer, "pad_token_type_id", None),
+    }
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 

@@ -15,6 +15,8 @@ bounds the number of distinct shapes, which matters for `torch.compile` with sta
 import numpy as np
 import pyarrow.compute as pc
 
+from .errors import InputError
+
 LENGTH_COLUMN = "length"
 # Token-level columns and their padding value (None: the tokenizer's pad token id).
 PADDED_COLUMNS = {"input_ids": None, "token_type_ids": "type", "attention_mask": 0, "special_tokens_mask": 1}
@@ -29,14 +31,32 @@ def add_length_column(features, name: str = LENGTH_COLUMN):
     return features.add_column(name, pc.list_value_length(column).to_numpy().astype(np.int32))
 
 
+def check_padding(max_seq_length: int, pad_to_multiple_of, length_buckets) -> None:
+    """Refuse padding settings that would pad batches beyond max_seq_length or to no length."""
+    if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+        raise InputError(f"pad_to_multiple_of={pad_to_multiple_of}", "must be at least 1",
+                         "use 8 (tensor-core friendly), or 1 to pad each batch to its longest feature")
+    for bucket in length_buckets or ():
+        if bucket < 1 or bucket > max_seq_length:
+            why = ("no feature is longer than max_seq_length, so a larger bucket only pads beyond it"
+                   if bucket > max_seq_length else "a batch cannot be padded to fewer than 1 token")
+            examples = " ".join(str(max_seq_length * k // 4) for k in (1, 2, 3, 4))
+            raise InputError(f"length_buckets={list(length_buckets)}",
+                             f"bucket {bucket} is outside 1..max_seq_length={max_seq_length} ({why})",
+                             f"give lengths from 1 to {max_seq_length} (e.g. {examples}), or raise --max_seq_length")
+
+
 class BucketPaddingCollator:
     """Pads each batch to the smallest bucket length that holds its longest feature.
 
     Buckets: the explicit `length_buckets` if given, else the multiples of
     `pad_to_multiple_of`; never beyond `max_seq_length` (unless a feature is longer). Token
-    columns are padded on the tokenizer's padding side with its pad ids; integer or float
-    scalar columns (start/end positions) are stacked; the `length` column and any other
-    column that is not a number or a list of numbers is dropped.
+    columns are padded on the right with the tokenizer's pad ids, whatever its padding side:
+    start/end positions (stacked as they are, like any integer or float scalar column) and the
+    evaluation features' offsets count tokens from the left, so padding on the left would move
+    the tokens away from their labels and their offsets (see qa/features.py, which pads on the
+    right for the same reason). The `length` column and any other column that is not a number
+    or a list of numbers is dropped.
     """
 
     def __init__(self, tokenizer, max_seq_length: int, pad_to_multiple_of: int = 8, length_buckets=None):
@@ -44,7 +64,6 @@ class BucketPaddingCollator:
             pad_to_multiple_of = 1
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.type_pad_id = getattr(tokenizer, "pad_token_type_id", 0) or 0
-        self.left = getattr(tokenizer, "padding_side", "right") == "left"
         self.max_seq_length = max_seq_length
         self.multiple = pad_to_multiple_of
         self.buckets = sorted(set(int(b) for b in length_buckets)) if length_buckets else None
@@ -76,10 +95,7 @@ class BucketPaddingCollator:
                 out = np.full((len(features), length), self._pad_value(key), dtype=np.int64)
                 for i, f in enumerate(features):
                     row = f[key]
-                    if self.left:
-                        out[i, length - len(row):] = row
-                    else:
-                        out[i, :len(row)] = row
+                    out[i, :len(row)] = row
                 batch[key] = torch.from_numpy(out)
             elif isinstance(value, (bool, int, np.integer)):
                 batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)

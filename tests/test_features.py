@@ -66,6 +66,15 @@ def test_window_settings_the_tokenizer_would_reject_are_refused(max_len, stride,
     check_window(384, 128, 64)
 
 
+@pytest.mark.parametrize("stride,max_q,culprit", [(0, 32, "doc_stride=0"), (-8, 32, "doc_stride=-8"),
+                                                  (32, 0, "max_query_length=0"), (32, -1, "max_query_length=-1")])
+def test_non_positive_stride_or_query_length_is_refused(stride, max_q, culprit):
+    """A negative stride is an OverflowError inside the tokenizer; a zero stride makes windows
+    that do not overlap; a query length below 1 leaves no question."""
+    with pytest.raises(InputError, match=f"^{culprit}: must be at least 1.*Fix: use a positive value"):
+        check_window(128, stride, max_q)
+
+
 def test_every_dev_answer_is_recovered_from_token_offsets():
     """On the official dev set (10,570 questions; a question's first answer is its label): every window that contains the first answer is
     labelled with it, and the label's character span is exactly the answer whenever the
