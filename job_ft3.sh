@@ -9,7 +9,6 @@
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR1@300
-#
 # job_ft3.sh: fine-tune BERT on SQuAD on one GPU of FinisTerrae III (CESGA), or any SLURM cluster.
 #
 #   sbatch job_ft3.sh                                   # configs/reference.json
@@ -32,6 +31,7 @@
 #   OUTPUT_DIR    passed as --output_dir (before RUN_ARGS and the arguments, which win)
 #   RUN_ARGS      more run_qa.py arguments, split on spaces ("--seed 7 --max_steps 100")
 #   GLOBAL_BATCH  keep the global batch at this size (per-device batch x gradient accumulation)
+#   STRATEGY, FSDP_CONFIG, MASTER_PORT, SHUTDOWN_TIMEOUT, OMP_NUM_THREADS  as in job_ddp.sh
 #   HF_HOME       Hugging Face cache [from ENV_FILE, else ${LUSTRE:-${STORE:-$HOME}}/hf_cache]
 #   OFFLINE       1: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE/TRANSFORMERS_OFFLINE=1 (compute nodes have no
 #                 internet) [1]
@@ -39,36 +39,22 @@
 #   MAX_RESTARTS  stop requeueing after this many restarts [20]
 #   REPO_DIR      the repository [found from the submitted script's path]
 #
+# What runs: jobs/launch.sh, the launcher of job_ddp.sh too, with one node and one process (srun,
+# then torchrun starting one run_qa.py): a 1-GPU job is the world-size-1 case of a multi-GPU one,
+# and the scaling study's 1x1 point is this script.
+#
 # Time limit and preemption: SLURM sends USR1 to this shell 300 s (--signal=B:USR1@300) before
-# the time limit; the shell forwards SIGTERM to run_qa.py, which finishes the optimizer step,
-# saves a complete checkpoint and exits 143; the job then requeues itself (scontrol requeue) and
-# the next run resumes (--resume auto: model, optimizer, scheduler, RNG, data position). The
-# lead time must cover one step plus a checkpoint save (bert-base: ~1.3 GB). Each run of the job
-# appends its wall-clock time and outcome to OUTPUT_DIR/job_time.jsonl.
-set -uo pipefail
+# the time limit; the shell sends SIGTERM to the job step (torchrun and run_qa.py); run_qa.py
+# finishes the optimizer step, saves a complete checkpoint and exits 143; the job then requeues
+# itself (scontrol requeue) and the next run resumes (--resume auto: model, optimizer, scheduler,
+# RNG, data position). The lead time must cover one step plus a checkpoint save (bert-base:
+# ~1.3 GB). Each run of the job appends its wall-clock time and outcome to OUTPUT_DIR/job_time.jsonl.
 
-# The repository: sbatch runs a copy of this script from the node's spool folder, so look at the
-# path that was submitted (scontrol's Command=), then the submit folder.
-if [[ -z ${REPO_DIR:-} ]]; then
-  REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-  if [[ ! -f $REPO_DIR/jobs/common.sh && -n ${SLURM_JOB_ID:-} ]]; then
-    _cmd=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=//p' | head -n1)
-    while [[ -n $_cmd && ! -f $_cmd && $_cmd == *" "* ]]; do _cmd=${_cmd% *}; done  # drop the arguments
-    if [[ -f $_cmd ]]; then REPO_DIR=$(cd "$(dirname "$_cmd")" && pwd); else REPO_DIR=${SLURM_SUBMIT_DIR:-$PWD}; fi
-  fi
-fi
-if [[ ! -f $REPO_DIR/jobs/common.sh ]]; then
-  echo "job_ft3.sh: error: no jobs/common.sh in $REPO_DIR: set REPO_DIR=/path/to/the/repository" >&2
-  exit 1
-fi
-# shellcheck source=jobs/common.sh
-source "$REPO_DIR/jobs/common.sh"
-
-jc_init job_ft3.sh "$@"
-JC_WORLD=1
-jc_global_batch 1
-jc_log_environment
-
-jc_forward() { kill -TERM "$JC_CHILD" 2>/dev/null; }
-JC_FORWARD=jc_forward
-jc_run python "$REPO_DIR/run_qa.py" "$CONFIG" "${RUN_QA_ARGS[@]}"
+# The same lines as in job_ddp.sh: sbatch runs a copy of this file from its spool folder, so what
+# finds the repository cannot be in the repository. Looked in: REPO_DIR, this file's folder, the
+# submitted file's (scontrol's Command=: its path, then the arguments), the submit folder.
+cmd=$([[ -z ${SLURM_JOB_ID:-} ]] || scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=//p')
+while [[ $cmd == *" "* && ! -f $cmd ]]; do cmd=${cmd% *}; done
+for dir in "${REPO_DIR:-$(dirname "$0")}" "$(dirname "$cmd")" "${SLURM_SUBMIT_DIR:-.}"; do [[ -f $dir/jobs/launch.sh || -n ${REPO_DIR:-} ]] && break; done
+[[ -f $dir/jobs/launch.sh ]] && source "$dir/jobs/launch.sh" || { echo "job_ft3.sh: error: no jobs/launch.sh in $dir: set REPO_DIR=/path/to/the/repository" >&2; exit 1; }
+jl_main job_ft3.sh 1x1 "$@"

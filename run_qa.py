@@ -19,7 +19,22 @@ import sys  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from qa.errors import InputError  # noqa: E402
+from transformers import default_data_collator, set_seed  # noqa: E402
+
+from qa.cache import cached_features, default_cache_dir  # noqa: E402
+from qa.callbacks import RunCallbacks  # noqa: E402
+from qa.checkpoints import find_checkpoint  # noqa: E402
+from qa.collate import BucketPaddingCollator, add_length_column, check_padding  # noqa: E402
+from qa.config import finalize, parse_args  # noqa: E402
+from qa.data import load_raw_datasets  # noqa: E402
+from qa.errors import InputError, command  # noqa: E402
+from qa.features import check_window, prepare_train_features, prepare_validation_features  # noqa: E402
+from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
+from qa.postprocess import PostProcessing  # noqa: E402
+from qa.preemption import EXIT_INTERRUPTED  # noqa: E402
+from qa.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
+from qa.telemetry import token_stats, train_throughput  # noqa: E402
+from trainer_qa import QuestionAnsweringTrainer, check_transformers_version  # noqa: E402
 
 logger = logging.getLogger("run_qa")
 
@@ -31,9 +46,6 @@ def select_examples(dataset, limit):
 
 
 def build_features(split, examples, tokenizer, data_args, training_args, cache_root):
-    from qa.cache import cached_features
-    from qa.features import prepare_train_features, prepare_validation_features
-
     fn = prepare_train_features if split == "train" else prepare_validation_features
     params = dict(max_seq_length=data_args.max_seq_length, doc_stride=data_args.doc_stride,
                   max_query_length=data_args.max_query_length, pad_to_max_length=data_args.pad_to_max_length)
@@ -47,15 +59,7 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
 
 
 def run(argv):
-    from transformers import set_seed
-
-    from qa.cache import default_cache_dir
-    from qa.checkpoints import find_checkpoint
-    from qa.config import finalize, parse_args
-    from qa.data import load_raw_datasets
-    from qa.features import check_window
-    from qa.model import load_model_and_tokenizer
-
+    check_transformers_version()
     model_args, data_args, run_args, training_args, explicit = parse_args(argv)
     finalize(training_args, explicit)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -63,6 +67,7 @@ def run(argv):
 
     # Everything that can reject the user's input runs before anything is written.
     check_window(data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
+    check_padding(data_args.max_seq_length, data_args.pad_to_multiple_of, data_args.length_buckets)
     splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
                               ("test", training_args.do_predict)) if on]
     if not splits:
@@ -71,6 +76,7 @@ def run(argv):
     cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
     set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
     model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root)
+    check_model_and_tokenizer(model, tokenizer, data_args)
     checkpoint = find_checkpoint(training_args.output_dir, run_args.resume) if training_args.do_train else None
     return _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args,
                                checkpoint, cache_root)
@@ -78,13 +84,6 @@ def run(argv):
 
 def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args, checkpoint,
                         cache_root):
-    from transformers import default_data_collator
-
-    from qa.callbacks import run_callbacks
-    from qa.records import environment_record, finish_run, save_split_metrics, write_environment
-    from qa.telemetry import token_stats, train_throughput
-    from trainer_qa import EXIT_INTERRUPTED, CheckpointOnSignalCallback, QuestionAnsweringTrainer
-
     limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
               "test": data_args.max_predict_samples}
     examples = {s: select_examples(raw[s], limits[s]) for s in raw}
@@ -93,20 +92,17 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
     train_stats = token_stats(features["train"]) if "train" in features else None
     collator = default_data_collator
     if not data_args.pad_to_max_length:  # dynamic padding, to a few lengths (qa/collate.py)
-        from qa.collate import BucketPaddingCollator, add_length_column
-
         collator = BucketPaddingCollator(tokenizer, data_args.max_seq_length, data_args.pad_to_multiple_of,
                                          data_args.length_buckets)
         if "train" in features and training_args.train_sampling_strategy == "group_by_length":
             features["train"] = add_length_column(features["train"])  # lengths for the sampler, read at once
+    callbacks = RunCallbacks(run_args, training_args)
     trainer = QuestionAnsweringTrainer(
         model=model, args=training_args, train_dataset=features.get("train"),
         eval_dataset=features.get("validation"), eval_examples=examples.get("validation"),
-        processing_class=tokenizer, data_collator=collator, qa_args=data_args,
-        callbacks=run_callbacks(run_args, training_args, train_stats))
-    on_signal = CheckpointOnSignalCallback() if run_args.checkpoint_on_sigterm else None
-    if on_signal is not None:
-        trainer.add_callback(on_signal)
+        processing_class=tokenizer, data_collator=collator, post_processing=PostProcessing.from_args(data_args),
+        log_extras=callbacks.log_values)
+    callbacks.install(trainer)
 
     config = {**asdict(model_args), **asdict(data_args), **asdict(run_args), **training_args.to_dict()}
     env = environment_record(config)
@@ -117,21 +113,24 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
 
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=checkpoint)
-        if on_signal is not None and on_signal.stopped_at is not None:
+        stopped_at = callbacks.stopped_at()
+        if stopped_at is not None:
             # Stopped on SIGTERM with checkpoint-N saved: unfinished, so no results are written;
             # every rank leaves together, after the main one has marked the checkpoint complete.
             trainer.accelerator.wait_for_everyone()
             logger.warning("interrupted by SIGTERM (on this or another rank): checkpoint-%d saved in %s; "
-                           "rerun (--resume auto) to continue", on_signal.stopped_at, out)
+                           "rerun (--resume auto) to continue", stopped_at, out)
             return EXIT_INTERRUPTED
         trainer.save_model()
         metrics = dict(result.metrics)
         metrics.update(train_throughput(metrics, train_stats, len(examples["train"])))
-        metrics.update({k: v for cb in trainer.callback_handler.callbacks if hasattr(cb, "summary")
-                        for k, v in cb.summary().items()})  # telemetry / profiling summaries
+        metrics.update(callbacks.summary())
         if main:
             save_split_metrics(out, "train", metrics)
             trainer.save_state()
+            if callbacks.communication.record:  # measured at the start of training
+                env["communication"] = callbacks.communication.record
+                write_environment(out, env)
     if training_args.do_eval:
         metrics = trainer.evaluate()
         if main:
@@ -148,12 +147,9 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
     return 0
 
 
+@command
 def main(argv=None):
-    try:
-        return run(sys.argv[1:] if argv is None else argv)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,13 @@ fi
 req=requirements.txt
 if ((DEV)); then req=requirements-dev.txt; fi  # it includes requirements.txt
 pip install -r "$HERE/$req" || die "pip install -r $req failed (see above): run this on a login node with internet, and check your quota"
+# The project itself, editable: `qa` and the entry points importable from any folder (bench/, tools/).
+# Asked from / so that the check does not find this folder's modules through the working directory.
+if [[ $(cd / && "$py" -c 'import os, run_qa; print(os.path.dirname(run_qa.__file__))' 2>/dev/null) == "$HERE" ]]; then
+  log "bert-squad-slurm already installed (editable, $HERE)"
+else
+  pip install --no-deps -e "$HERE" || die "pip install -e $HERE failed (see above)"
+fi
 if ((DEV)); then
   # These declare dependencies we must not get (sentence-transformers): see requirements-dev.txt.
   # shellcheck disable=SC2013  # one word per package: split on purpose

@@ -11,111 +11,56 @@ Only the main process writes prediction files.
 import logging
 import math
 import os
-import signal
-import threading
 import time
 
-import torch
+import transformers
 from torch.utils.data import SequentialSampler
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import has_length, rotate_checkpoints, speed_metrics
 
 from qa.checkpoints import COMPLETE_MARKER
+from qa.errors import InputError
 from qa.io import atomic_write_json, give_new_file_modes
 from qa.metric import scores_from_examples
-from qa.postprocess import postprocess_qa_predictions
+from qa.postprocess import PostProcessing
 
 logger = logging.getLogger(__name__)
 
-# run_qa.py's exit status when training stopped on SIGTERM after saving a checkpoint: the run is
-# unfinished and resumable (128 + SIGTERM, what a shell reports for a process ended by SIGTERM).
-EXIT_INTERRUPTED = 128 + signal.SIGTERM
+# The overrides below of Trainer internals (_get_train_sampler, _get_eval_sampler,
+# _save_checkpoint, and the evaluation_loop/_memory_tracker they call) follow transformers'
+# code of this release; another release may call them differently without any error.
+WRITTEN_FOR_TRANSFORMERS = "5.23"
 
 
-class CheckpointOnSignalCallback(TrainerCallback):
-    """On SIGTERM: finish the optimizer step under way, save a checkpoint, stop training.
-
-    SLURM sends SIGTERM at a job's time limit and on preemption, job_ft3.sh/job_ddp.sh send it
-    when `--signal=B:USR1@T` warns them, and torchrun forwards it to its workers. The ranks of a
-    distributed run get it at slightly different moments, possibly in different steps, and a rank
-    that saved and stopped alone would leave the others waiting in a collective. So at the end of
-    every optimizer step the ranks agree whether any of them got the signal (an all-reduce of one
-    number; the Trainer synchronises with the device at every step anyway) and all save the same
-    step's checkpoint (marked complete by QuestionAnsweringTrainer._save_checkpoint once every
-    rank has written its part) and stop together. run_qa.py then exits with EXIT_INTERRUPTED
-    without evaluating or writing results; `--resume auto` continues from that checkpoint with the
-    optimizer, scheduler, RNG states and data position restored.
-
-    Unlike transformers' `enable_jit_checkpoint` (each rank checkpoints on its own, 3 s after its
-    own SIGTERM, at whichever step it is in; then `train()` returns as if training had finished),
-    this is safe under DDP/FSDP and tells the caller that training did not finish.
-    The handler is installed from on_train_begin to on_train_end only; a SIGTERM during
-    evaluation ends the process as usual (the final checkpoint of the training is already saved).
-    """
-
-    signals = (signal.SIGTERM,)
-
-    def __init__(self):
-        self.received = None      # the signal this rank got, if any
-        self.stopped_at = None    # global step at which training stopped on a signal
-        self._previous = {}
-
-    def _handler(self, signum, frame):
-        self.received = signum    # a flag only: the training loop acts on it at the step's end
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.received = self.stopped_at = None
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning("checkpoint on SIGTERM: not in the main thread, no signal handler installed")
-            return
-        if getattr(args, "enable_jit_checkpoint", False):
-            logger.warning("checkpoint on SIGTERM: replacing transformers' enable_jit_checkpoint handler "
-                           "(its ranks checkpoint independently, which can hang DDP/FSDP)")
-        for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handler)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # One line per rank (warning: the level other ranks log at), so a job log shows who joined.
-            logger.warning("rank %d of %d (%s backend) on %s, pid %d: training from step %d; SIGTERM saves a "
-                           "checkpoint", torch.distributed.get_rank(), torch.distributed.get_world_size(),
-                           torch.distributed.get_backend(), os.uname().nodename, os.getpid(), state.global_step)
-
-    def _any_rank_received(self, args) -> bool:
-        flag = self.received is not None
-        if torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1:
-            t = torch.tensor([int(flag)], dtype=torch.int32, device=args.device)
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-            flag = bool(t.item())
-        return flag
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.stopped_at is not None or not self._any_rank_received(args):
-            return
-        if state.global_step >= state.max_steps:
-            return  # the last step: training ends now anyway and saves its final checkpoint
-        self.stopped_at = state.global_step
-        control.should_save = True
-        control.should_training_stop = True
-        logger.warning("signal received: saving checkpoint-%d and stopping (resume with --resume auto)",
-                       state.global_step)
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        if self.stopped_at is not None:  # that step is saved already; no epoch-end save or evaluation
-            control.should_save = control.should_evaluate = False
-
-    def on_train_end(self, args, state, control, **kwargs):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        self._previous = {}
+def check_transformers_version(version: str = transformers.__version__) -> None:
+    if version.split(".")[:2] != WRITTEN_FOR_TRANSFORMERS.split("."):
+        raise InputError(f"transformers {version}",
+                         f"trainer_qa.py overrides Trainer internals written for transformers "
+                         f"{WRITTEN_FOR_TRANSFORMERS}.x, which another release may use differently",
+                         f"pip install transformers=={WRITTEN_FOR_TRANSFORMERS}.0 (requirements.txt; "
+                         "setup_bert.sh installs it)")
 
 
 class QuestionAnsweringTrainer(Trainer):
-    def __init__(self, *args, eval_examples=None, qa_args=None, **kwargs):
-        """`qa_args`: the DataArguments (n_best_size, max_answer_length, v2 settings)."""
+    def __init__(self, *args, eval_examples=None, post_processing: PostProcessing = PostProcessing(),
+                 log_extras=None, **kwargs):
+        """`eval_examples`: the questions behind `eval_dataset` (its features);
+        `post_processing`: how logits become answers (qa.postprocess.PostProcessing);
+        `log_extras`: a function of a log entry returning values to add to it (the run's
+        throughput figures, qa.callbacks.RunCallbacks.log_values)."""
         super().__init__(*args, **kwargs)
         self.eval_examples = eval_examples
-        self.qa_args = qa_args
+        self.post_processing = post_processing
+        self.log_extras = log_extras
+
+    def log(self, logs, start_time=None):
+        # Trainer.log copies `logs` into state.log_history before any callback sees it, so values
+        # a callback added in on_log would miss trainer_state.json; they join here instead
+        # (Trainer.log is documented as the method to override for this).
+        if self.log_extras is not None:
+            logs.update(self.log_extras(logs))
+        super().log(logs, start_time)
 
     def _get_train_sampler(self, train_dataset=None):
         # transformers 5.23 builds the sampler from the dataset *after* removing the columns the
@@ -179,7 +124,8 @@ class QuestionAnsweringTrainer(Trainer):
     def evaluate(self, eval_dataset=None, eval_examples=None, ignore_keys=None, metric_key_prefix="eval"):
         features = eval_dataset if eval_dataset is not None else self.eval_dataset
         examples = eval_examples if eval_examples is not None else self.eval_examples
-        _, metrics = self._predict_and_score(features, examples, ignore_keys, metric_key_prefix, "Evaluation")
+        _, metrics = self._predict_and_score(self.get_eval_dataloader(features), features, examples, ignore_keys,
+                                             metric_key_prefix, "Evaluation", files_prefix=None)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -188,28 +134,23 @@ class QuestionAnsweringTrainer(Trainer):
         """Returns (predictions: question id -> answer text, metrics). Metrics include F1/EM
         only when the examples carry gold answers."""
         predictions, metrics = self._predict_and_score(
-            test_dataset, test_examples, ignore_keys, metric_key_prefix, "Prediction")
+            self.get_test_dataloader(test_dataset), test_dataset, test_examples, ignore_keys, metric_key_prefix,
+            "Prediction", files_prefix=metric_key_prefix)
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics)
         return predictions, metrics
 
-    def _predict_and_score(self, features, examples, ignore_keys, prefix, description):
+    def _predict_and_score(self, dataloader, features, examples, ignore_keys, prefix, description, files_prefix):
         self._memory_tracker.start()
-        dataloader = self.get_eval_dataloader(features) if prefix == "eval" else self.get_test_dataloader(features)
         start = time.time()
         output = self.evaluation_loop(dataloader, description=description, prediction_loss_only=False,
                                       ignore_keys=ignore_keys, metric_key_prefix=prefix)
         start_logits, end_logits = output.predictions[:2]
-        q = self.qa_args
-        predictions, _, _ = postprocess_qa_predictions(
+        predictions, _, _ = self.post_processing(
             examples, features, start_logits, end_logits,
-            version_2_with_negative=q.version_2_with_negative, n_best_size=q.n_best_size,
-            max_answer_length=q.max_answer_length, null_score_diff_threshold=q.null_score_diff_threshold,
-            output_dir=self.args.output_dir if self.is_world_process_zero() else None,
-            prefix=None if prefix == "eval" else prefix,
-        )
+            output_dir=self.args.output_dir if self.is_world_process_zero() else None, prefix=files_prefix)
         metrics = dict(output.metrics)
-        if "answers" in examples.column_names:
-            scores = scores_from_examples(examples, predictions, q.version_2_with_negative)
+        if "answers" in examples.column_names:  # an unlabelled split has no answers column
+            scores = scores_from_examples(examples, predictions, self.post_processing.version_2_with_negative)
             if "exact" in scores:  # v2 names it "exact"; one name for both versions downstream
                 scores = {"exact_match": scores["exact"], **scores}
             metrics.update({f"{prefix}_{k}": v for k, v in scores.items()})

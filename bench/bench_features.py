@@ -31,7 +31,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 DEV_SET = REPO.parent / "shared" / "data" / "squad" / "dev-v1.1.json.gz"
 SQUAD_TRAIN_QUESTIONS = 87_599

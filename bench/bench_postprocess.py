@@ -19,14 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from qa.data import read_squad_file
+from qa.features import prepare_validation_features
+from qa.model import bundled_minilm_dir
+from qa.postprocess import postprocess_qa_predictions, postprocess_qa_predictions_reference
 
-from qa.features import prepare_validation_features  # noqa: E402
-from qa.model import bundled_minilm_dir  # noqa: E402
-from qa.data import read_squad_file  # noqa: E402
-from qa.postprocess import (postprocess_qa_predictions,  # noqa: E402
-                            postprocess_qa_predictions_reference)
+REPO = Path(__file__).resolve().parents[1]
 
 DEV_SET = REPO.parent / "shared/data/squad/dev-v1.1.json.gz"
 

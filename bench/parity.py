@@ -19,7 +19,6 @@ the reference) is for the full bert-base run (see bench/README.md).
 """
 import argparse
 import json
-import math
 import os
 import platform
 import shlex
@@ -31,11 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+from run_bench import DEV_SET, RESULTS, REFERENCE, _slug, to_flags, variant_settings  # the script beside this one
 
-from run_bench import DEV_SET, RESULTS, REFERENCE, _slug, to_flags, variant_settings  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SIZES = {
     "gpu": dict(max_seq_length=384, doc_stride=128, max_query_length=64, train_articles="0:36",
@@ -85,10 +82,9 @@ def run_one(name, args, size, work, on_gpu):
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed (exit {proc.returncode}):\n{(work / f'log-{name}.txt').read_text()[-3000:]}")
     r = json.loads((out / "all_results.json").read_text())
+    steps = json.loads((out / "trainer_state.json").read_text())["global_step"]
     for f in out.glob("*.safetensors"):
         f.unlink()
-    batch = int(settings.get("per_device_train_batch_size", 8)) * int(settings.get("gradient_accumulation_steps", 1))
-    steps = math.ceil(size["epochs"] * math.ceil(r["train_features"] / batch)) if r.get("train_features") else None
     keys = ("eval_f1", "eval_exact_match", "eval_loss", "train_loss", "train_runtime", "train_samples_per_second",
             "eval_runtime", "train_examples", "train_features", "eval_examples", "epoch", "WALL_CLOCK_SECONDS")
     return {"settings": settings, "notes": notes, "run_qa_args": argv, "optimizer_steps": steps, "wall_s": round(time.perf_counter() - started, 1),

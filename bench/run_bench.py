@@ -5,8 +5,9 @@ same machine, the same data and the same model shape, in one invocation.
     python bench/run_bench.py --size gpu      # bert-base shape, 384/128, on a GPU node
     python bench/run_bench.py --size cpu      # small shape, 128/32, a few minutes on 2 cores
 
-Variants (each a fresh `run_qa.py` process, through bench/bench_worker.py, so every figure
-comes from the code users run: the Trainer with the project's features, collator, sampler):
+Variants (each a fresh `run_qa.py` process, so every figure comes from the code users run: the
+Trainer with the project's features, collator, sampler, and the run's own telemetry, whose timed
+window (`--telemetry_window`) gives the counts and seconds compared here):
 
 - `reference`: what the well-known Hugging Face example does: every feature padded to
   max_seq_length, batch 12, lr 3e-5, fp32 (TF32 left at torch's default, off), the library's
@@ -40,9 +41,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from qa.config import to_flags  # noqa: F401  (re-exported for parity.py)
+from qa.model import build_random_bert
+from qa.telemetry import mfu, model_flops, peak_flops
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from qa.config import to_flags  # noqa: E402  (re-exported for parity.py)
 
 DEV_SET = REPO.parent / "shared" / "data" / "squad" / "dev-v1.1.json.gz"
 RESULTS = REPO / "bench" / "results"
@@ -102,25 +105,6 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
     return settings, notes
 
 
-def build_random_model(shape: dict, folder: Path) -> Path:
-    """A randomly initialised BERT for QA of this shape, with the bert-base-uncased vocabulary of
-    the bundled MiniLM's tokenizer, saved once (the same weights for every variant)."""
-    if (folder / "config.json").exists():
-        return folder
-    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, set_seed
-
-    from qa.model import bundled_minilm_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
-    set_seed(0)
-    model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **shape))
-    tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    os.replace(tmp, folder)
-    return folder
-
-
 def _device_name():
     import torch
 
@@ -133,9 +117,10 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-").replace("--", "-")[:40]
 
 
-def run_variant(name, args, size, model_dir, work, on_gpu, log):
+def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
     settings, notes = variant_settings(name, on_gpu, args.cpu_compile)
-    batch = int(settings.get("per_device_train_batch_size", 8)) * int(settings.get("gradient_accumulation_steps", 1))
+    batch = int(settings.get("per_device_train_batch_size", REFERENCE["per_device_train_batch_size"])) * int(
+        settings.get("gradient_accumulation_steps", 1))
     timed = max(1, math.ceil(args.timed_samples / batch))
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
@@ -148,45 +133,67 @@ def run_variant(name, args, size, model_dir, work, on_gpu, log):
         "--model_name_or_path", str(model_dir), *data, "--do_train",
         "--max_seq_length", str(size["max_seq_length"]), "--doc_stride", str(size["doc_stride"]),
         "--max_query_length", str(size["max_query_length"]),
-        "--max_steps", str(args.warmup_steps + timed), "--output_dir", str(out), "--resume", "never",
+        "--max_steps", str(args.warmup_steps + timed), "--telemetry_window", f"{args.warmup_steps}:{args.warmup_steps + timed}",
+        "--output_dir", str(out), "--resume", "never",
         "--report_to", "none", "--save_strategy", "no", "--logging_steps", "100000", "--disable_tqdm", "true",
         "--seed", "42", "--features_cache_dir", str(work / "features"),
         *to_flags(settings),
     ]
+    if peak:  # one yardstick for every variant: the device's dense bf16 peak
+        argv += ["--peak_tflops", f"{peak / 1e12:g}"]
     if not on_gpu:
         argv += ["--use_cpu", "true"]
-    timing = work / f"timing-{name}.json"
-    timing.unlink(missing_ok=True)
-    command = [sys.executable, str(REPO / "bench" / "bench_worker.py"), str(timing), str(args.warmup_steps),
-               str(timed), "--", *argv]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
     if not on_gpu and args.cpu_threads:
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
     log(f"[{name}] {args.warmup_steps} warm-up + {timed} timed steps of {batch}: "
-        f"{' '.join(shlex.quote(a) for a in argv)}")
+        f"python run_qa.py {' '.join(shlex.quote(a) for a in argv)}")
     started = time.perf_counter()
     with open(work / f"log-{name}.txt", "w") as logfile:
-        proc = subprocess.run(command, cwd=REPO, env=env, stdout=logfile, stderr=subprocess.STDOUT)
+        proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *argv], cwd=REPO, env=env, stdout=logfile,
+                              stderr=subprocess.STDOUT)
     wall = time.perf_counter() - started
-    if proc.returncode != 0 or not timing.exists():
+    results_file = out / "all_results.json"
+    if proc.returncode != 0 or not results_file.exists():
         tail = (work / f"log-{name}.txt").read_text()[-3000:]
         raise SystemExit(f"variant {name} failed (exit {proc.returncode}); log tail:\n{tail}")
-    record = json.loads(timing.read_text())
-    if not record.get("complete"):
-        raise SystemExit(f"variant {name} ended before its timed window closed: {record}")
-    results = json.loads((out / "all_results.json").read_text())
+    results = json.loads(results_file.read_text())
+    if not results.get("train_window_complete"):
+        raise SystemExit(f"variant {name} ended before its timed window closed: {results}")
     environment = json.loads((out / "environment.json").read_text())
     for f in out.glob("*.safetensors"):  # the trained weights are of no use here
         f.unlink()
-    return {"settings": settings, "notes": notes, "run_qa_args": argv, "record": record, "results": results,
-            "environment": environment, "process_wall_s": round(wall, 1)}
+    return {"settings": settings, "notes": notes, "run_qa_args": argv, "results": results,
+            "environment": environment, "threads": env.get("OMP_NUM_THREADS"), "process_wall_s": round(wall, 1)}
+
+
+def window_rate(raw) -> float:
+    r = raw["results"]
+    return r["train_window_samples"] / r["train_window_seconds"]
+
+
+def device_of(raw) -> dict:
+    """The device a variant ran on, from its environment.json."""
+    devices = raw["environment"]["devices"]
+    if devices["gpus"]:
+        gpu = devices["gpus"][0]
+        return {"kind": "cuda", "name": gpu["name"], "memory_gib": gpu["memory_gib"], "count": devices["gpu_count"]}
+    return {"kind": "cpu", "name": f"CPU: {devices['processor']}", "cores": devices["cpu_count"],
+            "torch_threads": raw["threads"]}
+
+
+def model_of(results) -> dict:
+    return {"non_embedding_params": results["train_non_embedding_params"],
+            "params": results["train_trainable_params"], "layers": results["train_layers"],
+            "hidden": results["train_hidden_size"]}
 
 
 def summarise(name, raw, size, peak_flops_per_s):
-    rec, res = raw["record"], raw["results"]
-    s = rec["seconds"]
-    shape = rec["model"]
-    real_per_s = rec["real_tokens"] / s
+    res = raw["results"]
+    s = res["train_window_seconds"]
+    m = model_of(res)
+    real, sum_sq = res["train_window_real_tokens"], res["train_window_sum_sq_lengths"]
+    real_per_s = real / s
     mean_real = res.get("train_mean_real_tokens")
     features, questions = res.get("train_features"), res.get("train_examples")
     if size["max_seq_length"] == 384 and size["doc_stride"] == 128:
@@ -196,30 +203,35 @@ def summarise(name, raw, size, peak_flops_per_s):
         basis = (f"{train_features:,} features: 87,599 questions x {features / questions:.3f} windows per question "
                  f"at {size['max_seq_length']}/{size['doc_stride']} (as in the benchmark data)")
     projected = EPOCHS * train_features * mean_real / real_per_s if mean_real else None
-    flops_6n = 6 * shape["non_embedding_params"] * rec["real_tokens"]
-    flops_attn = flops_6n + 12 * shape["layers"] * shape["hidden"] * rec["sum_sq_lengths"]
+    # The project's target is MFU on real tokens at 6 FLOPs per non-embedding parameter; the run's
+    # telemetry also counts the attention scores (12 L H s per token).
+    flops_6n = model_flops(m["non_embedding_params"], m["layers"], m["hidden"], real, 0)
+    flops_attn = model_flops(m["non_embedding_params"], m["layers"], m["hidden"], real, sum_sq)
+    mfu_6n, mfu_attn = mfu(flops_6n, s, peak_flops_per_s), mfu(flops_attn, s, peak_flops_per_s)
+    setup = res.get("train_setup") or {}
     return {
-        "samples_per_second": round(rec["samples"] / s, 2),
+        "samples_per_second": round(res["train_window_samples"] / s, 2),
         "real_tokens_per_second": round(real_per_s, 1),
         # The timed window of a length-grouped run can hold longer (or shorter) features than the
         # data's average (the first group of batches is sorted longest first): samples/s at the
         # data's mean length is the comparable figure.
         "samples_per_second_at_mean_length": round(real_per_s / mean_real, 2) if mean_real else None,
-        "token_positions_per_second": round(rec["batch_tokens"] / s, 1),
-        "padding_fraction": round(1 - rec["real_tokens"] / rec["batch_tokens"], 4),
+        "token_positions_per_second": round(res["train_window_batch_tokens"] / s, 1),
+        "padding_fraction": round(1 - real / res["train_window_batch_tokens"], 4),
         "tflops_per_second_real_6n": round(flops_6n / s / 1e12, 3),
-        "mfu_real": round(flops_6n / s / peak_flops_per_s, 4) if peak_flops_per_s else None,
-        "mfu_real_with_attention": round(flops_attn / s / peak_flops_per_s, 4) if peak_flops_per_s else None,
-        "peak_memory_gib": rec.get("peak_memory_gib"),
-        "peak_rss_gib": rec.get("peak_rss_gib"),
+        "mfu_real": None if mfu_6n is None else round(mfu_6n, 4),
+        "mfu_real_with_attention": None if mfu_attn is None else round(mfu_attn, 4),
+        "peak_memory_gib": res.get("train_window_peak_memory_gib"),
+        "peak_rss_gib": res.get("train_window_peak_rss_gib"),
         "projected_2_epochs_s": round(projected, 1) if projected else None,
         "projection_basis": basis,
-        "timed_steps": rec["timed_steps"], "timed_samples": rec["samples"], "timed_seconds": round(s, 3),
-        "warmup_steps": rec["warmup_steps"], "warmup_s": rec.get("warmup_s"), "first_step_s": rec.get("first_step_s"),
-        "until_train_begin_s": rec.get("until_train_begin_s"), "process_wall_s": raw["process_wall_s"],
-        "compile": rec.get("compile"),
+        "timed_steps": res["train_window_steps"], "timed_samples": res["train_window_samples"],
+        "timed_seconds": round(s, 3), "warmup_steps": res["train_window_first_step"] - 1,
+        "warmup_s": res.get("train_window_warmup_s"), "first_step_s": res.get("train_first_step_s"),
+        "process_wall_s": raw["process_wall_s"],
+        "compile": setup.get("compile"),
         "repeat_samples_per_second": raw.get("repeat_samples_per_second"),
-        "used": rec.get("used"),
+        "used": setup,
         "settings": raw["settings"], "notes": raw["notes"],
         "data": {"train_questions": questions, "train_features": features, "mean_real_tokens": mean_real},
     }
@@ -276,9 +288,10 @@ def markdown(report: dict) -> str:
         lines += ["", "Each variant ran " + str(len(next(iter(v.values()))["repeat_samples_per_second"])) +
                   " times, interleaved; the table shows the median run. samples/s of every run: " +
                   "; ".join(f"{name} {r['repeat_samples_per_second']}" for name, r in v.items()) + "."]
-    lines += ["", "What each variant used (read from the live Trainer objects):", "",
-              "| variant | attention | optimizer | sampler | collator | bf16 | TF32 | compiled | batch | workers | notes |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "What each variant used (read from the live Trainer objects by the run's telemetry, "
+              "`train_setup` in its results):", "",
+              "| variant | attention | optimizer | sampler | collator | matmuls | compiled | batch | workers | notes |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in v.items():
         u = r["used"] or {}
         comp = r.get("compile") or {}
@@ -287,7 +300,7 @@ def markdown(report: dict) -> str:
                     else "requested, no graph" if u.get("torch_compile") else "no")
         lines.append(f"| {name} | {u.get('attn_implementation')} | {u.get('optimizer')}"
                      f"{' (fused)' if u.get('optimizer_fused') else ''} | {u.get('sampler')} | {u.get('collator')} | "
-                     f"{u.get('bf16')} | {u.get('tf32_matmul')} | {compiled} | {u.get('per_device_train_batch_size')} | "
+                     f"{u.get('matmul_precision')} | {compiled} | {u.get('per_device_train_batch_size')} | "
                      f"{u.get('dataloader_num_workers')} | {'; '.join(r['notes']) or ''} |")
     lines += ["", "Notes:", "",
               "- samples = features (windows), as the Trainer counts them; real tokens exclude padding. "
@@ -362,14 +375,12 @@ def main(argv=None):
     import torch
     import transformers
 
-    from qa.telemetry import peak_flops
-
     device_name, on_gpu = _device_name()
     peak, peak_source = peak_flops(device_name if on_gpu else None, "bf16", args.peak_tflops)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     shape = size["model"]
-    model_dir = build_random_model(shape, work / "models" / ("bert-" + "-".join(str(v) for v in shape.values())))
+    model_dir = build_random_bert(work / "models" / ("bert-" + "-".join(str(v) for v in shape.values())), shape)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     load_before = os.getloadavg()
     # Repeats run interleaved (every variant once, then again), so that a machine that gets busier
@@ -377,10 +388,10 @@ def main(argv=None):
     runs = {name: [] for name in variants}
     for _ in range(args.repeat):
         for name in variants:
-            runs[name].append(run_variant(name, args, size, model_dir, work, on_gpu, log))
+            runs[name].append(run_variant(name, args, size, model_dir, work, on_gpu, peak, log))
     raw = {}
     for name, rs in runs.items():
-        rate = [r["record"]["samples"] / r["record"]["seconds"] for r in rs]
+        rate = [window_rate(r) for r in rs]
         raw[name] = rs[sorted(range(len(rs)), key=rate.__getitem__)[len(rs) // 2]]
         raw[name]["repeat_samples_per_second"] = [round(x, 2) for x in rate]
     load_after = os.getloadavg()
@@ -398,7 +409,7 @@ def main(argv=None):
         "command": command.strip(),
         "date_utc": now.isoformat(timespec="seconds"),
         "host": platform.node(),
-        "device": first["record"]["device"],
+        "device": device_of(first),
         "gpu_available": on_gpu,
         "peak": {"tflops": peak / 1e12 if peak else None, "source": peak_source, "precision": "bf16"},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
@@ -406,7 +417,7 @@ def main(argv=None):
                      **{k: v for k, v in env.get("versions", {}).items() if k not in ("python", "torch", "transformers")}},
         "git_commit": env.get("git_commit"),
         "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
-        "model": {**first["record"]["model"], "random_init": True},
+        "model": {**model_of(first["results"]), "random_init": True},
         "data": {"source": str(args.train_file) if args.train_file else "synthetic",
                  "max_seq_length": size["max_seq_length"], "doc_stride": size["doc_stride"],
                  "max_query_length": size["max_query_length"],

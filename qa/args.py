@@ -4,7 +4,7 @@
 `HfArgumentParser`, from flags or from a single JSON file.
 """
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 
 @dataclass
@@ -112,6 +112,11 @@ class RunArguments:
         default=None,
         metadata={"help": "Peak dense TFLOP/s of one device for the run's precision, for MFU. Default: looked up "
                   "from the GPU's name (A100, H100, H200, L40S, V100, ...); on a CPU MFU is null unless given."})
+    telemetry_window: Optional[str] = field(
+        default=None,
+        metadata={"help": "'START:STOP' optimizer steps: synchronise the device at the end of steps START and STOP "
+                  "and report the steps between apart (train_window_* in train_results.json: seconds, samples/s, "
+                  "real tokens/s, MFU), e.g. after warm-up and compilation; bench/run_bench.py uses it."})
     profile: bool = field(
         default=False,
         metadata={"help": "Profile a few training steps with torch.profiler (rank 0 only): operator table, "
@@ -124,6 +129,24 @@ class RunArguments:
         default=1, metadata={"help": "Profiling cycles (0: until training ends; each cycle writes its own files)."})
     profile_with_stack: bool = field(
         default=False, metadata={"help": "Record Python source locations in the trace (larger files)."})
+    measure_communication: str = field(
+        default="auto",
+        metadata={"help": "'auto': in a run with more than one process, before training, time an all-reduce as large "
+                  "as the gradients (whole group, and one node when the job spans several) and the exposed "
+                  "communication of a real step (synchronisation on against off); recorded as comm_* in "
+                  "train_results.json and in environment.json. 'false': only record the switches in effect.",
+                  "choices": ["auto", "false"]})
+    ddp_comm_hook: str = field(
+        default="none",
+        metadata={"help": "DDP gradient compression: 'bf16' or 'fp16' (PyTorch's compress hooks: the gradients "
+                  "travel in 16 bits, half the bytes), 'none'. With --ddp_bucket_cap_mb (DDP's bucket size, MB) "
+                  "the switches that shrink the communication of a multi-node run.",
+                  "choices": ["none", "bf16", "fp16"]})
+    fsdp_reduce_dtype: str = field(
+        default="auto",
+        metadata={"help": "With --fsdp: the dtype FSDP reduces gradients in: 'bf16' (half the bytes of fp32), "
+                  "'fp32' (exact), 'auto' (accelerate's choice: the mixed-precision dtype with --bf16).",
+                  "choices": ["auto", "fp32", "bf16"]})
     checkpoint_on_sigterm: bool = field(
         default=True,
         metadata={"help": "On SIGTERM (SLURM time limit or preemption; job_ft3.sh/job_ddp.sh forward it on "
@@ -131,7 +154,22 @@ class RunArguments:
                   "of that step is saved, and the run exits with status 143 without evaluating; "
                   "--resume auto continues from it. False: SIGTERM ends the process at once."})
 
+    def timed_steps(self) -> Optional[Tuple[int, int]]:
+        """--telemetry_window as (start, stop), or None."""
+        if self.telemetry_window is None:
+            return None
+        start, _, stop = str(self.telemetry_window).partition(":")
+        return int(start), int(stop)
+
     def __post_init__(self):
+        if self.telemetry_window is not None:
+            try:
+                start, stop = self.timed_steps()
+            except ValueError:
+                start = stop = None
+            if start is None or not 1 <= start < stop:
+                raise ValueError(f"--telemetry_window {self.telemetry_window!r} must be 'START:STOP' with "
+                                 "1 <= START < STOP (optimizer steps; the window opens at the end of step START)")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ValueError(f"--peak_tflops must be positive, not {self.peak_tflops}")
         if self.profile_wait < 0 or self.profile_warmup < 0 or self.profile_repeat < 0 or self.profile_active < 1:

@@ -1,16 +1,21 @@
-"""Trainer callbacks a run adds on top of the Trainer's own (telemetry, profiling).
+"""The callbacks a run adds to the Trainer, built and installed in one place (`RunCallbacks`), and
+the throughput telemetry among them.
 
-A callback with a `summary() -> dict` has that dict merged into train_results.json and
-all_results.json by run_qa.py after training.
+`RunCallbacks` builds, from the run's arguments, the telemetry (qa.callbacks.TelemetryCallback),
+the profiler (qa.profiling), the checkpoint-on-SIGTERM callback (qa.preemption) and the
+communication measurement and switches (qa.communication); installs them
+through the Trainer's public `add_callback`; hands the Trainer the values to add to its log
+entries (`log_values`, for QuestionAnsweringTrainer's `log_extras`); and gathers what they
+measured for train_results.json (`summary`).
 """
 import logging
-import sys
 import time
 
 import torch
 from transformers import TrainerCallback
 
-from .telemetry import gib, matmul_precision, max_rss_gib, model_flops, model_shape, peak_flops, perf_metrics
+from .telemetry import (compile_stats, describe_training, gib, gradient_size, matmul_precision, max_rss_gib,
+                        model_flops, model_shape, peak_flops, perf_metrics)
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +43,21 @@ class _Counts:
             self.sum_sq += sum_sq
             self.pending = None
 
+    FIELDS = ("steps", "samples", "batch_tokens", "real_tokens", "sum_sq", "step_s", "data_s")
+
     def add(self, other: "_Counts"):
         other.settle()
-        for name in ("steps", "samples", "batch_tokens", "real_tokens", "sum_sq", "step_s", "data_s"):
+        for name in self.FIELDS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def snapshot(self) -> dict:
+        self.settle()
+        return {name: getattr(self, name) for name in self.FIELDS}
 
 
 class TelemetryCallback(TrainerCallback):
-    """Measures the training loop from the inside and logs `perf/*` at every logging step.
+    """Measures the training loop from the inside; `log_values` gives the `perf/*` figures of the
+    steps since the last logging step, `summary` those of the whole run.
 
     - Step time: host time from `on_step_begin` to `on_step_end` of each optimizer step
       (forward, backward, optimizer; the Trainer fetches a step's batches before `on_step_begin`).
@@ -60,50 +72,33 @@ class TelemetryCallback(TrainerCallback):
     - Model FLOPs, MFU: qa.telemetry.model_flops over step + data time, against the peak of the
       device for the run's precision (qa.telemetry.peak_flops; null on a CPU unless given).
     - Memory: torch.cuda.max_memory_allocated on a GPU; the process's peak RSS everywhere.
-
-    The values are added to the `logs` of the Trainer's `log()` call, so they land in the
-    TensorBoard events, trainer_state.json's log_history and the console like the loss does.
+    - Timed window (`timed_steps=(start, stop)`, --telemetry_window): the device is synchronised
+      at the end of optimizer steps `start` and `stop` and everything between is counted apart
+      (`train_window_*`): what a benchmark compares, after warm-up and compilation.
     """
 
-    def __init__(self, peak_tflops=None, overhead_sources=()):
+    def __init__(self, peak_tflops=None, overhead_sources=(), timed_steps=None):
         self.peak_tflops = peak_tflops
         self.overhead_sources = list(overhead_sources)  # objects with `overhead_s` to set aside
+        self.timed_steps = timed_steps
         self._summary = {}
         self._hook = None
         self._training = False
 
-    # -- placement: before the reporting callbacks --------------------------------------------
-
-    def on_init_end(self, args, state, control, **kwargs):
-        """transformers calls callbacks in list order and puts the reporting ones (TensorBoard)
-        before the user's, so values a user callback adds to `logs` in `on_log` would reach them
-        one call late. Move this callback to the front of the Trainer's list, once (the handler
-        is the object that is calling this method)."""
-        from transformers.trainer_callback import CallbackHandler
-
-        frame = sys._getframe(1)
-        for _ in range(4):
-            handler = frame.f_locals.get("self") if frame is not None else None
-            if isinstance(handler, CallbackHandler):
-                if self in handler.callbacks:
-                    handler.callbacks.remove(self)
-                    handler.callbacks.insert(0, self)
-                return
-            frame = frame.f_back if frame is not None else None
-        logger.warning("telemetry: could not reorder the Trainer's callbacks; perf/* values may be "
-                       "missing from TensorBoard (they stay in trainer_state.json and train_results.json)")
-
     # -- measuring ------------------------------------------------------------------------
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
         self._cuda = torch.cuda.is_available() and getattr(args.device, "type", "") == "cuda"
         device_name = torch.cuda.get_device_name(args.device) if self._cuda else None
         self.precision = matmul_precision(args.bf16, args.fp16, args.tf32)
         self.peak, self.peak_source = peak_flops(device_name, self.precision, self.peak_tflops)
         self.shape = model_shape(model)
+        self.gradients = gradient_size(model)
+        self.setup = describe_training(args, model, optimizer, train_dataloader)
         self.world_size = max(int(getattr(args, "world_size", 1) or 1), 1)
         self.pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
-        self.window, self.total = _Counts(), _Counts()
+        self.interval, self.total = _Counts(), _Counts()
+        self.timed = {}
         self.train_start = self._mark = time.perf_counter()
         self._overhead_at_mark = self._overhead()
         self._step_start = None
@@ -135,7 +130,7 @@ class TelemetryCallback(TrainerCallback):
         with torch.no_grad():
             lengths = mask.reshape(mask.shape[0], -1).to(torch.int64).sum(dim=1)
             counts = torch.stack([lengths.sum(), (lengths * lengths).sum()])
-            w = self.window
+            w = self.interval
             w.pending = counts if w.pending is None else w.pending + counts
         w.samples += mask.shape[0]
         w.batch_tokens += mask.numel()
@@ -143,25 +138,52 @@ class TelemetryCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         now = time.perf_counter()
         set_aside = self._overhead() - self._overhead_at_mark
-        self.window.data_s += max(now - self._mark - set_aside, 0.0)
+        self.interval.data_s += max(now - self._mark - set_aside, 0.0)
         self._step_start = now
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.perf_counter()
         if self._step_start is not None:
-            self.window.step_s += now - self._step_start
-            self.window.steps += 1
+            self.interval.step_s += now - self._step_start
+            self.interval.steps += 1
             self._step_start = None
+        if self.timed_steps is not None:
+            self._timed_window(state.global_step)
         self._set_mark()
 
+    def _timed_window(self, step):
+        start, stop = self.timed_steps
+        if step not in (1, start, stop):
+            return
+        if self._cuda:
+            torch.cuda.synchronize()  # host time = device time at the window's edges
+        now = time.perf_counter()
+        if step == 1:
+            self.timed["first_step_s"] = now - self.train_start
+        if step == start:
+            self.timed.update(opened=now, counts=self._cumulative())
+        if step == stop and "counts" in self.timed:
+            begin = self.timed.pop("counts")
+            counts = {k: v - begin[k] for k, v in self._cumulative().items()}
+            self.timed.update(warmup_s=self.timed["opened"] - self.train_start, seconds=now - self.timed["opened"],
+                              counts=counts, memory=self._memory())
+            self.timed["complete"] = True
+
+    def _cumulative(self) -> dict:
+        """Counts since training began (the logged intervals plus the current one)."""
+        now = self.interval.snapshot()
+        return {k: getattr(self.total, k) + v for k, v in now.items()}
+
+    def log_values(self, logs: dict) -> dict:
+        """The `perf/*` figures of the steps since the last log entry, for an entry of the training
+        loss (QuestionAnsweringTrainer adds them to its log entries: TensorBoard under
+        train/perf/*, trainer_state.json's log_history, the console)."""
+        if not (self._training and "loss" in logs and self.interval.steps):
+            return {}
+        perf = self._close_interval()
+        return {PERF_PREFIX + k: _sig(v, 6) for k, v in perf.items() if v is not None}
+
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self._training and logs is not None and "loss" in logs and self.window.steps:
-            perf = self._close_window()
-            values = {PERF_PREFIX + k: _sig(v, 6) for k, v in perf.items() if v is not None}
-            logs.update(values)
-            last = state.log_history[-1] if state.log_history else None
-            if last is not None and last.get("step") == state.global_step and "loss" in last:
-                last.update(values)  # the Trainer copied `logs` into log_history before calling us
         self._set_mark()
 
     def on_evaluate(self, args, state, control, **kwargs):
@@ -176,48 +198,47 @@ class TelemetryCallback(TrainerCallback):
             out["peak_mem_gib"] = gib(torch.cuda.max_memory_allocated())
         return out
 
-    def _close_window(self) -> dict:
-        """The window's figures; its counts move into the run's total."""
-        w, s = self.window, self.shape
-        w.settle()
-        perf = perf_metrics(steps=w.steps, samples=w.samples, real_tokens=w.real_tokens,
-                            batch_tokens=w.batch_tokens,
-                            flops=model_flops(s["non_embedding_params"], s["layers"], s["hidden"], w.real_tokens,
-                                              w.sum_sq),
-                            step_s=w.step_s, data_s=w.data_s, peak_flops_per_s=self.peak,
+    def _perf(self, c: dict) -> dict:
+        s = self.shape
+        return perf_metrics(steps=c["steps"], samples=c["samples"], real_tokens=c["real_tokens"],
+                            batch_tokens=c["batch_tokens"],
+                            flops=model_flops(s["non_embedding_params"], s["layers"], s["hidden"], c["real_tokens"],
+                                              c["sum_sq"]),
+                            step_s=c["step_s"], data_s=c["data_s"], peak_flops_per_s=self.peak,
                             world_size=self.world_size)
+
+    def _close_interval(self) -> dict:
+        """The figures of the steps since the last log entry; their counts move into the total."""
+        perf = self._perf(self.interval.snapshot())
         perf.update(self._memory())
-        self.total.add(w)
-        self.window = _Counts()
+        self.total.add(self.interval)
+        self.interval = _Counts()
         return perf
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self._training:
             return
-        self._close_window()
+        self._close_interval()
         self._training = False
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
         wall = time.perf_counter() - self.train_start
-        t, s = self.total, self.shape
-        flops = model_flops(s["non_embedding_params"], s["layers"], s["hidden"], t.real_tokens, t.sum_sq)
-        perf = perf_metrics(steps=t.steps, samples=t.samples, real_tokens=t.real_tokens,
-                            batch_tokens=t.batch_tokens, flops=flops, step_s=t.step_s, data_s=t.data_s,
-                            peak_flops_per_s=self.peak, world_size=self.world_size)
+        t, s = self.total.snapshot(), self.shape
+        perf = self._perf(t)
         memory = self._memory()
-
         self._summary = {
             "train_step_time_mean_s": _sig(perf["step_time_s"]),
             "train_data_loading_share": _sig(perf["data_time_share"]),
-            "train_step_time_total_s": _sig(t.step_s),
-            "train_data_time_total_s": _sig(t.data_s),
-            "train_other_time_total_s": _sig(max(wall - t.step_s - t.data_s, 0.0)),  # log, eval, save, profiler
+            "train_step_time_total_s": _sig(t["step_s"]),
+            "train_data_time_total_s": _sig(t["data_s"]),
+            "train_other_time_total_s": _sig(max(wall - t["step_s"] - t["data_s"], 0.0)),  # log, eval, save, profiler
             "train_padding_fraction_batches": _sig(perf["padding_fraction"]),
-            "train_real_tokens_batches": t.real_tokens,
+            "train_real_tokens_batches": t["real_tokens"],
             "train_real_tokens_per_second_measured": _sig(perf["real_tokens_per_s"]),
             "train_samples_per_second_measured": _sig(perf["samples_per_s"]),
-            "train_model_flops": flops,
+            "train_model_flops": model_flops(s["non_embedding_params"], s["layers"], s["hidden"], t["real_tokens"],
+                                             t["sum_sq"]),
             "train_tflops_per_device": _sig(perf["tflops_per_device"]),
             "train_mfu": _sig(perf["mfu"]),
             "train_peak_tflops": None if self.peak is None else round(self.peak / 1e12, 2),
@@ -225,27 +246,105 @@ class TelemetryCallback(TrainerCallback):
             "train_matmul_precision": self.precision,
             "train_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
             "train_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
+            "train_non_embedding_params": s["non_embedding_params"],
+            "train_layers": s["layers"],
+            "train_hidden_size": s["hidden"],
+            **{f"train_{k}": v for k, v in self.gradients.items()},
+            "train_setup": {**self.setup, "compile": compile_stats() if args.torch_compile else None},
         }
+        if self.timed_steps is not None:
+            self._summary.update(self._timed_summary())
+
+    def _timed_summary(self) -> dict:
+        start, stop = self.timed_steps
+        out = {"train_window_first_step": start + 1, "train_window_last_step": stop,
+               "train_window_complete": bool(self.timed.get("complete")),
+               "train_first_step_s": _sig(self.timed.get("first_step_s"))}
+        if not out["train_window_complete"]:
+            logger.warning("telemetry: training ended before step %d, so the timed window %d:%d never closed",
+                           stop, start, stop)
+            return out
+        c, seconds = self.timed["counts"], self.timed["seconds"]
+        perf = self._perf({**c, "step_s": seconds, "data_s": 0.0})  # the window's wall time covers both
+        memory = self.timed["memory"]
+        out.update({
+            "train_window_seconds": _sig(seconds, 6),
+            "train_window_warmup_s": _sig(self.timed["warmup_s"]),
+            "train_window_steps": c["steps"],
+            "train_window_samples": c["samples"],
+            "train_window_batch_tokens": c["batch_tokens"],
+            "train_window_real_tokens": c["real_tokens"],
+            "train_window_sum_sq_lengths": c["sum_sq"],
+            "train_window_samples_per_second": _sig(perf["samples_per_s"]),
+            "train_window_real_tokens_per_second": _sig(perf["real_tokens_per_s"]),
+            "train_window_padding_fraction": _sig(perf["padding_fraction"]),
+            "train_window_tflops_per_device": _sig(perf["tflops_per_device"]),
+            "train_window_mfu": _sig(perf["mfu"]),
+            "train_window_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
+            "train_window_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
+        })
+        return out
 
     def summary(self) -> dict:
-        """Merged into train_results.json by run_qa.py."""
+        """The run's totals, for train_results.json."""
         return dict(self._summary)
 
 
-def run_callbacks(run_args, training_args, train_stats=None) -> list:
-    """`train_stats`: qa.telemetry.token_stats of the training features, or None (the telemetry
-    measures the batches themselves: with dynamic padding the stored features have no padding)."""
-    callbacks = []
-    profiler = None
-    if run_args.profile:
-        from .profiling import ProfilerCallback
+class RunCallbacks:
+    """Every callback a run adds to the Trainer, built from its arguments in one place.
 
-        profiler = ProfilerCallback(training_args.output_dir, wait=run_args.profile_wait,
-                                    warmup=run_args.profile_warmup, active=run_args.profile_active,
-                                    repeat=run_args.profile_repeat, with_stack=run_args.profile_with_stack)
-    if run_args.telemetry:
-        callbacks.append(TelemetryCallback(peak_tflops=run_args.peak_tflops,
-                                           overhead_sources=[profiler] if profiler else []))
-    if profiler:
-        callbacks.append(profiler)
-    return callbacks
+    `install(trainer)` adds them through the Trainer's public add_callback, after the Trainer's
+    own (its flow control, progress and reporting callbacks): the telemetry goes first among
+    them, so the profiler's time in on_step_end falls between two telemetry marks and is set
+    aside (the profiler reports it as `overhead_s`). Nothing here needs to run before the
+    reporting callbacks: the throughput figures join the log entries in the Trainer's `log`
+    (`log_values`), before any callback sees them.
+    """
+
+    def __init__(self, run_args, training_args):
+        self.profiler = None
+        if run_args.profile:
+            from .profiling import ProfilerCallback
+
+            self.profiler = ProfilerCallback(training_args.output_dir, wait=run_args.profile_wait,
+                                             warmup=run_args.profile_warmup, active=run_args.profile_active,
+                                             repeat=run_args.profile_repeat, with_stack=run_args.profile_with_stack)
+        self.telemetry = None
+        if run_args.telemetry:
+            self.telemetry = TelemetryCallback(peak_tflops=run_args.peak_tflops,
+                                               overhead_sources=[self.profiler] if self.profiler else [],
+                                               timed_steps=run_args.timed_steps())
+        self.preemption = None
+        if run_args.checkpoint_on_sigterm:
+            from .preemption import CheckpointOnSignalCallback
+
+            self.preemption = CheckpointOnSignalCallback()
+        from .communication import CommunicationCallback
+
+        self.communication = CommunicationCallback(run_args.measure_communication, run_args.ddp_comm_hook,
+                                                   run_args.fsdp_reduce_dtype)
+
+    @property
+    def callbacks(self) -> list:
+        return [c for c in (self.telemetry, self.profiler, self.preemption, self.communication) if c is not None]
+
+    def install(self, trainer) -> None:
+        self.communication.bind(trainer)
+        for callback in self.callbacks:
+            trainer.add_callback(callback)
+
+    def log_values(self, logs: dict) -> dict:
+        return self.telemetry.log_values(logs) if self.telemetry is not None else {}
+
+    def stopped_at(self):
+        """The global step at which a SIGTERM stopped training, or None."""
+        return self.preemption.stopped_at if self.preemption is not None else None
+
+    def summary(self) -> dict:
+        """What the telemetry, the profiler and the communication measurement recorded, for
+        train_results.json."""
+        out = {}
+        for callback in (self.telemetry, self.profiler, self.communication):
+            if callback is not None:
+                out.update(callback.summary())
+        return out

@@ -3,12 +3,13 @@ that override it (`run_qa.py configs/reference.json --output_dir runs/x`)."""
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 from transformers import HfArgumentParser, TrainingArguments
 
 from .args import DataArguments, ModelArguments, RunArguments
-from .errors import InputError
+from .errors import InputError, command
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
 logger = logging.getLogger(__name__)
@@ -101,3 +102,28 @@ def finalize(training_args, explicit: set) -> None:
         training_args.report_to = ["tensorboard"]
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(training_args.output_dir, "runs"))
 
+
+# What a SLURM job needs before it starts run_qa.py: where the run writes (job_time.jsonl goes
+# there), and the batch size, accumulation and learning rate it logs and GLOBAL_BATCH works from.
+JOB_SETTINGS = ("output_dir", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate")
+
+
+def job_settings(argv) -> dict:
+    """JOB_SETTINGS as run_qa.py will resolve `argv` (a config, then flags; TrainingArguments'
+    own defaults for what neither gives), plus `given`: the argument names the user gave."""
+    *_, training_args, explicit = parse_args(argv)
+    return {**{name: getattr(training_args, name) for name in JOB_SETTINGS}, "given": sorted(explicit)}
+
+
+@command
+def main(argv=None) -> int:
+    """`python -m qa.config CONFIG [ARGS...]`: job_settings() as `name=value` lines, for the job
+    scripts (jobs/launch.sh); `given` is a space-separated list."""
+    settings = job_settings(sys.argv[1:] if argv is None else argv)
+    for name, value in settings.items():
+        print(f"{name}={' '.join(value) if isinstance(value, list) else value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

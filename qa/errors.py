@@ -17,6 +17,9 @@ class InputError(Exception):
         self.where, self.problem, self.fix = where, problem, fix
         super().__init__(f"{where}: {problem}. Fix: {fix}")
 
+    def __reduce__(self):  # whole across processes (datasets.map with num_proc, DataLoader workers)
+        return type(self), (self.where, self.problem, self.fix)
+
 
 def command(main):
     """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and exit 2."""

@@ -27,6 +27,7 @@ import collections
 import logging
 import math
 import os
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -295,3 +296,24 @@ def postprocess_qa_predictions(examples, features, all_start_logits, all_end_log
         outputs.append(_finish(context, ranked, null and null[0], version_2_with_negative,
                                null_score_diff_threshold))
     return _collect(ids, outputs, version_2_with_negative, output_dir, prefix)
+
+
+@dataclass(frozen=True)
+class PostProcessing:
+    """The settings that turn logits into answers, and the function that applies them: all that
+    the QA Trainer needs to know of the run's data arguments."""
+    version_2_with_negative: bool = False
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    null_score_diff_threshold: float = 0.0
+
+    @classmethod
+    def from_args(cls, data_args) -> "PostProcessing":
+        return cls(**{f.name: getattr(data_args, f.name) for f in fields(cls)})
+
+    def __call__(self, examples, features, start_logits, end_logits, output_dir=None, prefix=None):
+        """-> (predictions, nbest, null_odds) as postprocess_qa_predictions."""
+        return postprocess_qa_predictions(
+            examples, features, start_logits, end_logits, version_2_with_negative=self.version_2_with_negative,
+            n_best_size=self.n_best_size, max_answer_length=self.max_answer_length,
+            null_score_diff_threshold=self.null_score_diff_threshold, output_dir=output_dir, prefix=prefix)

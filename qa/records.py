@@ -116,12 +116,35 @@ def results_markdown(results: dict, env: dict) -> str:
         ("eval F1", fmt("eval_f1")),
         ("eval loss", fmt("eval_loss", "", 4)),
     ]
+    if "comm_world_size" in results:
+        rows += communication_rows(results, fmt)
     lines = ["# Run summary", "", f"Finished {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
              f"on {env['host']}.", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     lines += ["", "Every figure above is in `all_results.json`; the full configuration and versions are in "
               "`environment.json`.", ""]
     return "\n".join(lines)
+
+
+def communication_rows(results: dict, fmt) -> list:
+    """What qa.communication measured (distributed runs) and the switches in effect."""
+    mb = results.get("comm_allreduce_bytes")
+    rows = [("gradient communication", f"{results.get('comm_world_size')} ranks on {fmt('comm_nodes', '', 0)} "
+             f"node(s), {results.get('comm_backend')}, {results.get('comm_wrapper')}; hook "
+             f"{results.get('comm_ddp_comm_hook')}, buckets {fmt('comm_ddp_bucket_cap_mb', ' MiB', 0)}")]
+    if mb is not None:
+        rows.append(("all-reduce of the gradients, whole group",
+                     f"{mb / 1e6:,.1f} MB ({results.get('comm_allreduce_dtype')}) in {fmt('comm_allreduce_s', ' s', 4)}: "
+                     f"algbw {fmt('comm_allreduce_algbw_GBps', ' GB/s', 2)}, "
+                     f"busbw {fmt('comm_allreduce_busbw_GBps', ' GB/s', 2)}"))
+    if results.get("comm_intranode_s") is not None:
+        rows.append(("all-reduce within one node", f"{fmt('comm_intranode_s', ' s', 4)} over "
+                     f"{results.get('comm_intranode_ranks')} ranks: busbw {fmt('comm_intranode_busbw_GBps', ' GB/s', 2)}"))
+    if results.get("comm_step_sync_s") is not None:
+        rows.append(("exposed communication per step", f"{fmt('comm_exposed_s', ' s', 4)} "
+                     f"({fmt('comm_exposed_share', '', 3)} of a {fmt('comm_step_sync_s', ' s', 4)} forward + backward; "
+                     f"{fmt('comm_step_nosync_s', ' s', 4)} without synchronisation)"))
+    return rows
 
 
 def finish_run(output_dir, wall_clock_seconds: float, env: dict) -> dict:

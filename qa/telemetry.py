@@ -182,6 +182,56 @@ def model_shape(model) -> dict:
     }
 
 
+def gradient_size(model) -> dict:
+    """What one gradient synchronisation moves: the trainable parameters, their dtype, the bytes."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    dtype = params[0].dtype if params else None
+    return {"trainable_params": sum(p.numel() for p in params),
+            "grad_dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+            "grad_bytes": sum(p.numel() * p.element_size() for p in params)}
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run really used
+
+
+def describe_training(args, model, optimizer=None, train_dataloader=None) -> dict:
+    """The kernels, optimizer, sampler, collator and precision a run trains with, read from the
+    live objects the Trainer hands its callbacks (not from the arguments that asked for them)."""
+    config = getattr(getattr(model, "_orig_mod", model), "config", None)
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
+    sampler = None
+    if train_dataloader is not None:
+        loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        sampler = getattr(getattr(batch_sampler, "batch_sampler", batch_sampler), "sampler", None)
+        sampler = sampler or getattr(loader, "sampler", None)
+    return {
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "optimizer": type(inner).__name__ if inner is not None else None,
+        "optimizer_fused": bool(getattr(inner, "defaults", {}).get("fused")),
+        "sampler": type(sampler).__name__ if sampler is not None else None,
+        "collator": type(getattr(train_dataloader, "collate_fn", None)).__name__ if train_dataloader else None,
+        "dataloader_num_workers": getattr(train_dataloader, "num_workers", None),
+        "matmul_precision": matmul_precision(args.bf16, args.fp16, args.tf32),
+        "torch_compile": bool(args.torch_compile),
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "world_size": args.world_size,
+    }
+
+
+def compile_stats():
+    """Graphs torch.compile built so far in this process (torch's dynamo counters), or None."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "frames_compiled": int(counters["frames"].get("ok", 0)),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
 # ---------------------------------------------------------------------------------------------
 # Everything reported for a stretch of training
 

@@ -59,7 +59,7 @@ def test_values_are_sane(report):
 def test_each_variant_used_what_it_says(report):
     r, _ = report
     ref, bf16, fast = (r["variants"][k]["used"] for k in ("reference", "reference_bf16", "fast"))
-    assert not ref["bf16"] and bf16["bf16"] and fast["bf16"]
+    assert ref["matmul_precision"] == "fp32" and bf16["matmul_precision"] == fast["matmul_precision"] == "bf16"
     assert ref["per_device_train_batch_size"] == 12 and fast["per_device_train_batch_size"] == 48
     assert fast["sampler"] == "LengthGroupedSampler" and fast["collator"] == "BucketPaddingCollator"
     assert fast["attn_implementation"] == "sdpa" and fast["optimizer_fused"]

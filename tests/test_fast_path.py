@@ -154,7 +154,7 @@ def test_length_column_is_computed_without_reading_rows(features):
 def _trainer(tmp_path, features, eval_features=None, **kwargs):
     from transformers import TrainingArguments
 
-    from qa.args import DataArguments, ModelArguments
+    from qa.args import ModelArguments
     from qa.collate import BucketPaddingCollator, add_length_column
     from qa.model import load_model_and_tokenizer
     from trainer_qa import QuestionAnsweringTrainer
@@ -164,7 +164,7 @@ def _trainer(tmp_path, features, eval_features=None, **kwargs):
                              per_device_eval_batch_size=4, **kwargs)
     return QuestionAnsweringTrainer(model=model, args=args, train_dataset=add_length_column(features),
                                     eval_dataset=eval_features, processing_class=tok,
-                                    data_collator=BucketPaddingCollator(tok, 128), qa_args=DataArguments())
+                                    data_collator=BucketPaddingCollator(tok, 128))
 
 
 def test_grouped_batches_read_the_length_column_and_hold_little_padding(tmp_path, features, monkeypatch):

@@ -148,6 +148,16 @@ BAD_INPUTS = {
         [GOOD_QA, {"id": "b", "question": "Who?", "answers": [], "is_impossible": True}]))],
         "version_2_with_negative"),
     "stride too large": (lambda d: ["--doc_stride", "128"], "doc_stride"),
+    "stride zero": (lambda d: ["--doc_stride", "0"], "doc_stride=0"),
+    "stride negative": (lambda d: ["--doc_stride", "-5"], "doc_stride=-5"),
+    "query length zero": (lambda d: ["--max_query_length", "0"], "max_query_length=0"),
+    "longer than the model's positions": (lambda d: ["--max_seq_length", "600", "--doc_stride", "128",
+                                                     "--max_query_length", "64"], "for 512 tokens only"),
+    "bucket beyond max_seq_length": (lambda d: ["--pad_to_max_length", "false", "--length_buckets", "64", "256"],
+                                     "bucket 256"),
+    "bucket zero": (lambda d: ["--pad_to_max_length", "false", "--length_buckets", "0", "128"], "bucket 0"),
+    "pad multiple zero": (lambda d: ["--pad_to_max_length", "false", "--pad_to_multiple_of", "0"],
+                          "pad_to_multiple_of=0"),
     "unknown model path": (lambda d: ["--model_name_or_path", str(d / "no-such-model")], "no-such-model"),
     "offline, not cached": (lambda d: ["--model_name_or_path", "google-bert/bert-base-uncased"], "setup_bert.sh"),
     "offline dataset": (lambda d: ["--dataset_name", "rajpurkar/squad"], "setup_bert.sh"),
@@ -312,3 +322,52 @@ def test_written_files_take_the_umask(mask, tmp_path, monkeypatch):
     assert not wrong, wrong
     folders = {p.relative_to(out).as_posix(): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_dir()}
     assert all(m == 0o777 & ~mask for m in folders.values()), folders
+
+
+def test_transformers_version_guard():
+    """trainer_qa.py overrides Trainer internals of one transformers release: another release
+    stops the run at start-up with the version and the fix, before anything is written."""
+    import transformers
+
+    from qa.errors import InputError
+    from trainer_qa import WRITTEN_FOR_TRANSFORMERS, check_transformers_version
+
+    check_transformers_version()  # the pinned, installed release
+    assert transformers.__version__.startswith(WRITTEN_FOR_TRANSFORMERS + ".")
+    for other in ("5.24.0", "5.17.1", "6.0.0"):
+        with pytest.raises(InputError) as info:
+            check_transformers_version(other)
+        message = str(info.value)
+        assert message.startswith(f"transformers {other}: ") and "\n" not in message
+        assert f"Fix: pip install transformers=={WRITTEN_FOR_TRANSFORMERS}.0" in message
+    check_transformers_version(WRITTEN_FOR_TRANSFORMERS + ".7")  # a patch release of it is fine
+
+
+def test_one_error_type_for_every_command(capsys):
+    """InputError stays whole across processes (datasets.map workers), and every command reports
+    it the same way: one line, `error: ... Fix: ...`, exit 2."""
+    import pickle
+
+    from qa.errors import EXIT_INPUT_ERROR, InputError, command
+
+    err = pickle.loads(pickle.dumps(InputError("train.json, question 'q2'", "no answer", "add one")))
+    assert str(err) == "train.json, question 'q2': no answer. Fix: add one"
+
+    @command
+    def fails(argv=None):
+        raise err
+
+    assert fails() == EXIT_INPUT_ERROR == 2
+    assert capsys.readouterr().err == "error: train.json, question 'q2': no answer. Fix: add one\n"
+    import importlib.util
+
+    import run_qa
+    from qa import config, metric
+
+    mains = [run_qa.main, metric.main, config.main]
+    for tool in ("prefetch", "scaling_report", "scaling_predict", "plot_tb"):
+        spec = importlib.util.spec_from_file_location(tool, REPO / "tools" / f"{tool}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        mains.append(module.main)
+    assert all(getattr(m, "__wrapped__", None) is not None for m in mains)  # each runs through `command`

@@ -2,7 +2,7 @@
 given) and tools/scaling_report.py on a study folder whose runs are written by qa/records.py's
 own functions (a manifest with completed, missing, failed, wrong-shape and unfinished runs).
 The table's medians, speedups and efficiencies are recomputed here from the raw numbers.
-Last, when job_ddp.sh and configs/smoke_tiny.json exist, a tiny real study on the local SLURM
+Last, when the job scripts and configs/smoke_tiny.json exist, a tiny real study on the local SLURM
 cluster (tests/slurm_fixture.py)."""
 import importlib.util
 import json
@@ -92,12 +92,34 @@ def write_run(out: Path, name, job, runtime, f1, world=None, train=True, finish=
             "train_runtime": runtime, "train_samples_per_second": SAMPLES / runtime,
             "train_steps_per_second": 7387 / runtime, "train_loss": 1.02, "epoch": 2.0,
             "train_examples": 87_599, "train_features": 88_641, "train_mean_real_tokens": 171.3,
-            "train_padding_fraction": 0.554, "train_real_tokens_per_second": SAMPLES / runtime * 171.3})
+            "train_padding_fraction": 0.554, "train_real_tokens_per_second": SAMPLES / runtime * 171.3,
+            **(telemetry(runtime, nodes, per_node) if runtime else {})})
     if f1 is not None:
         records.save_split_metrics(out, "eval", {"eval_exact_match": f1 - 7.2, "eval_f1": f1, "eval_loss": 1.1,
                                                  "eval_runtime": 41.0, "epoch": 2.0})
     if finish:
         records.finish_run(out, runtime + 95.0 if runtime else 60.0, env)
+
+
+# What the telemetry and the communication measurement of a run record (qa/callbacks.py,
+# qa/communication.py): step times and, on more than one GPU, the bus bandwidth and a step
+# with and without gradient synchronisation.
+BUSBW = {(1, 2): 20.0, (2, 1): 11.0, (2, 2): 10.5}
+PARAMS = 108_893_186
+
+
+def telemetry(runtime, nodes, per_node):
+    step = runtime * 0.9 / 7387   # the rest of train_runtime: logging, evaluation, saving
+    out = {"train_step_time_mean_s": step, "train_step_time_total_s": runtime * 0.9,
+           "train_data_time_total_s": runtime * 0.02, "train_trainable_params": PARAMS,
+           "train_grad_dtype": "float32", "train_grad_bytes": 4 * PARAMS}
+    if nodes * per_node > 1:
+        out.update({"comm_world_size": nodes * per_node, "comm_nodes": nodes,
+                    "comm_allreduce_busbw_GBps": BUSBW[(nodes, per_node)], "comm_step_nosync_s": 0.6 * step,
+                    "comm_exposed_s": 0.25 * step, "comm_step_sync_s": 0.85 * step})
+        if nodes > 1 and per_node > 1:
+            out["comm_intranode_busbw_GBps"] = 19.0
+    return out
 
 
 def make_study(root: Path, runs=RUNS) -> Path:
@@ -210,6 +232,38 @@ def test_table_numbers(built):
     assert rows[("fsdp", "2×2")][5] == "342.5"
     assert rows[("fsdp", "2×2")][11] == "88.15 (88.00–88.30)"
     assert rows[("fsdp", "1×2")][11] == "88.20"       # both repeats equal: no range
+
+
+def test_measured_beside_predicted(built, study):
+    """Every multi-GPU cell: its measured step time and parts beside the model's prediction, which
+    starts from the median baseline run and takes the cell's own measured bandwidth and batch."""
+    from qa.scaling_model import Baseline, Settings, WhatIf, predict, ring_busbw
+
+    text, summary = built
+    entries = {(e["strategy"], e["nodes"], e["gpus_per_node"]): e for e in summary["predictions"]}
+    assert set(entries) == {("ddp", 1, 2), ("fsdp", 1, 2), ("ddp", 2, 1), ("ddp", 2, 2), ("fsdp", 2, 2)}
+    step = 1000.0 * 0.9 / 7387   # ddp-1x1-r1: the median of the baseline's step times
+    base = Baseline(compute_s=step, data_s=1000.0 * 0.02 / 7387, batch=GLOBAL_BATCH, params=PARAMS)
+    for (strategy, nodes, per), e in entries.items():
+        times = _ok_times(f"{strategy}-{nodes}x{per}")
+        measured = median([t * 0.9 / 7387 for t in times])
+        # (the results files keep 6 decimals: hence the tolerances)
+        assert e["step_s"] == pytest.approx(measured, rel=1e-4)
+        intra, inter = (BUSBW[(nodes, per)], 12.0) if nodes == 1 else (19.0 if per > 1 else 20.0, BUSBW[(nodes, per)])
+        expected = predict(base, nodes, per, strategy, WhatIf(batch_mult=1 / (nodes * per)),
+                           ring_busbw(nodes, per, intra, inter), Settings())
+        assert e["busbw_GBps"] == ring_busbw(nodes, per, intra, inter) and e["busbw_source"] == "measured"
+        assert e["predicted_step_s"] == pytest.approx(expected["step_s"], rel=1e-4)
+        assert e["predicted_speedup"] == pytest.approx(expected["speedup"], rel=1e-4)
+        assert e["departure"] == pytest.approx(measured / expected["step_s"] - 1, abs=1e-3)
+        assert e["flagged"] == (abs(e["departure"]) > summary["prediction_margin"])
+        assert e["compute_s"] == pytest.approx(0.6 * measured, rel=1e-4)
+        assert e["exposed_s"] == pytest.approx(0.25 * measured, rel=1e-4)
+        assert e["rest_s"] == pytest.approx(0.15 * measured, rel=1e-3)
+    assert any(e["flagged"] for e in entries.values()) and not all(e["flagged"] for e in entries.values())
+    section = text.split("## Measured and predicted", 1)[1].split("\n## ", 1)[0]
+    assert section.count("| ddp |") == 3 and section.count("| fsdp |") == 2
+    assert "departs by more than 25%" in section and "Baseline for the model: ddp-1x1-r1" in section
 
 
 def test_summary_json_unrounded(built):
@@ -413,8 +467,12 @@ def test_submit_dry_run(tmp_path):
     assert f"CONFIG={REPO}/configs/reference.json" in first and "GLOBAL_BATCH" not in first
     assert f"--output={study}/ddp-1x1-r1/slurm-%j.out --error={study}/ddp-1x1-r1/slurm-%j.err " in first
     assert " --no-requeue " in first
-    assert re.search(r" --partition gpu --time=02:00:00 (\S+/)?job_ddp\.sh --num_train_epochs 1 "
+    # the baseline is what a user's `sbatch job_ft3.sh` runs; every other cell is job_ddp.sh
+    assert re.search(f" --partition gpu --time=02:00:00 {re.escape(str(REPO))}/job_ft3\\.sh --num_train_epochs 1 "
                      f"--output_dir {re.escape(str(study))}/ddp-1x1-r1$", first), first
+    assert all(re.search(f" {re.escape(str(REPO))}/job_ddp\\.sh --num_train_epochs 1 --output_dir ", x)
+               for x in lines if "-1x1-" not in x)
+    assert sum("job_ft3.sh" in x for x in lines) == 5
     assert any(" -N 2 --gres=gpu:a100:2 " in x and "STRATEGY=fsdp" in x and "fsdp-2x2-r5" in x for x in lines)
     assert [x.split()[3] for x in lines[:7]] == ["scal-ddp-1x1-r1", "scal-ddp-1x2-r1", "scal-fsdp-1x2-r1",
                                                  "scal-ddp-2x1-r1", "scal-fsdp-2x1-r1", "scal-ddp-2x2-r1",
@@ -457,12 +515,14 @@ def test_submit_writes_manifest(tmp_path):
     assert manifest["global_batch"] == 48 and manifest["sbatch_args"] == ["--account", "xyz"]
     assert manifest["env_file"] == str(envfile) and manifest["repeats"] == 2
     assert all((study / x["name"]).is_dir() for x in runs)
+    assert (bin_dir / "args-1").read_text().splitlines()[-3:] == [str(REPO / "job_ft3.sh"), "--output_dir",
+                                                                   str(study / "ddp-1x1-r1")]
     args = (bin_dir / "args-2").read_text().splitlines()
     assert args[:6] == ["--parsable", "-J", "scal-fsdp-2x2-r1", "-N", "2", "--gres=gpu:a100:2"]
     assert f"--export=ALL,STRATEGY=fsdp,CONFIG={REPO}/configs/reference.json,NPROC_PER_NODE=2," \
            f"OUTPUT_DIR={study}/fsdp-2x2-r1,GLOBAL_BATCH=48,ENV_FILE={envfile}" in args
     assert args[-3:] == [str(job), "--output_dir", str(study / "fsdp-2x2-r1")]
-    assert manifest["job_script"] == str(job)
+    assert manifest["job_script"] == str(job) and manifest["baseline_job_script"] == str(REPO / "job_ft3.sh")
     assert not list(study.glob(".manifest.*"))   # no temporary left behind
     # a second submission into the same study is refused
     again = _submit("--study", str(study), "--job-script", str(job), env=env)
@@ -497,7 +557,7 @@ except ImportError:  # pragma: no cover
 
 
 def test_tiny_study_on_local_slurm(request, tmp_path):
-    for who in ("job_ddp.sh", "configs/smoke_tiny.json"):
+    for who in ("job_ft3.sh", "job_ddp.sh", "configs/smoke_tiny.json"):
         if not (REPO / who).exists():   # checked before the cluster starts: skipping costs nothing
             pytest.skip(f"{who} does not exist yet (being written alongside); the study needs it")
     slurm_cluster = request.getfixturevalue("slurm_cluster")
@@ -532,6 +592,16 @@ def test_tiny_study_on_local_slurm(request, tmp_path):
     for run in runs:   # logs beside the results, none left in the submit folder
         assert list((study / run["name"]).glob(f"slurm-{run['job_id']}.out")), run
     assert not list(REPO.glob("scal-tiny-*"))
+    for run, script, world in zip(runs, ("job_ft3.sh", "job_ddp.sh"), (1, 2)):   # the baseline: job_ft3.sh's path
+        line = json.loads((study / run["name"] / "job_time.jsonl").read_text())
+        assert (line["script"], line["world_size"], line["job_id"]) == (script, world, run["job_id"]), line
     env = json.loads((study / "ddp-1x2-r1" / "environment.json").read_text())
     assert env["distributed"]["WORLD_SIZE"] == "2" and env["slurm"]["SLURM_JOB_ID"] == runs[1]["job_id"]
+    # measured beside predicted: the 1x2 cell's own bandwidth, and the model's step from the baseline's
+    (entry,) = summary["predictions"]
+    assert (entry["nodes"], entry["gpus_per_node"], entry["busbw_source"]) == (1, 2, "measured")
+    assert entry["busbw_GBps"] > 0 and entry["step_s"] > 0 and entry["predicted_step_s"] > 0
+    assert entry["compute_s"] > 0 and entry["exposed_s"] >= 0 and entry["predicted_speedup"] > 0
+    section = (study / report.REPORT).read_text().split("## Measured and predicted", 1)[1].split("\n## ", 1)[0]
+    assert "| ddp | 1×2 |" in section and "(measured)" in section
     assert (study / report.PLOT).read_bytes()[:4] == b"\x89PNG"

@@ -219,23 +219,23 @@ def test_prefetch_failure_stops_setup_with_the_fix(setup_env):
     proc = run(["bash", str(SETUP)], setup_env)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("prefetch: error: cannot reach the Hugging Face Hub")
-    assert "login node" in last
+    assert last.startswith("error: the Hugging Face Hub at ") and "cannot be reached" in last
+    assert "Fix: run this on a login node" in last
     assert "Done." not in proc.stdout
 
 
 # --- tools/prefetch.py -----------------------------------------------------------------------
 
-def test_prefetch_offline_is_one_line_and_exit_1(tmp_path):
+def test_prefetch_offline_is_one_line_and_exit_2(tmp_path):
     env = base_env(HF_ENDPOINT=unreachable_endpoint(), HF_HUB_OFFLINE="1")  # it must go online
     proc = run([sys.executable, str(PREFETCH), "google-bert/bert-base-uncased", "rajpurkar/squad",
                 "--cache-dir", str(tmp_path / "hf")], env, timeout=120)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("prefetch: error: cannot reach the Hugging Face Hub")
-    assert "run this on a login node" in lines[0]
+    assert lines[0].startswith("error: the Hugging Face Hub at ") and "cannot be reached" in lines[0]
+    assert "Fix: run this on a login node" in lines[0]
 
 
 def test_prefetch_picks_config_tokenizer_and_one_weights_format():
@@ -249,5 +249,5 @@ def test_prefetch_picks_config_tokenizer_and_one_weights_format():
     assert prefetch.files_to_fetch(repo) == [
         "config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "model.safetensors"]
     assert prefetch.files_to_fetch(["config.json", "pytorch_model.bin"])[-1] == "pytorch_model.bin"
-    with pytest.raises(prefetch.PrefetchError):
+    with pytest.raises(prefetch.InputError, match="no .safetensors or .bin weights"):
         prefetch.files_to_fetch(["config.json", "tf_model.h5"])

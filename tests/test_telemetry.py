@@ -161,7 +161,8 @@ class _Tiny:
                 return input_ids
 
         self.model = M()
-        self.args = SimpleNamespace(device=torch.device("cpu"), bf16=False, fp16=False, tf32=False, world_size=1)
+        self.args = SimpleNamespace(device=torch.device("cpu"), bf16=False, fp16=False, tf32=False, world_size=1,
+                                    torch_compile=False, per_device_train_batch_size=2, gradient_accumulation_steps=1)
         self.state = SimpleNamespace(log_history=[], global_step=0)
 
 
@@ -182,13 +183,12 @@ def test_callback_counts_the_batches_the_model_sees():
     t.model.eval()
     t.model(input_ids=batches[0], attention_mask=batches[0])  # evaluation batches do not count
     t.model.train()
-    logs = {"loss": 1.0}
-    t.state.log_history.append({**logs, "step": t.state.global_step})
-    cb.on_log(t.args, t.state, None, logs=logs)
+    assert cb.log_values({"eval_loss": 1.0}) == {}  # only entries of the training loss get them
+    logs = cb.log_values({"loss": 1.0})
     assert logs["perf/padding_fraction"] == 0.375  # 10 real tokens in 16 positions
     assert logs["perf/step_time_s"] >= 0 and 0 <= logs["perf/data_time_share"] <= 1
     assert logs["perf/samples_per_s"] > 0 and logs["perf/real_tokens_per_s"] > 0 and logs["perf/mfu"] > 0
-    assert "perf/padding_fraction" in t.state.log_history[-1]  # trainer_state.json gets them too
+    assert cb.log_values({"loss": 1.0}) == {}  # no step since the last entry
     # without attention_mask: padding from the pad token id
     cb.on_step_begin(t.args, t.state, None)
     t.model(input_ids=torch.tensor([[7, 7, 0, 0]]))
@@ -203,33 +203,82 @@ def test_callback_counts_the_batches_the_model_sees():
     assert t.model._forward_pre_hooks == {}  # removed at train end
 
 
-def test_callback_moves_ahead_of_the_reporting_callbacks():
-    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+def test_timed_window_counts_only_its_steps():
+    import torch
 
     from qa.callbacks import TelemetryCallback
 
-    class Reporter(DefaultFlowCallback):
-        pass
-
-    cb = TelemetryCallback()
-    handler = CallbackHandler([DefaultFlowCallback, Reporter(), cb], None, None, None, None)
-    handler.on_init_end(SimpleNamespace(), SimpleNamespace(), SimpleNamespace())
-    assert handler.callbacks[0] is cb
+    t = _Tiny()
+    cb = TelemetryCallback(peak_tflops=1.0, timed_steps=(2, 4))
+    cb.on_train_begin(t.args, t.state, None, model=t.model)
+    masks = [[[1, 1, 0, 0]], [[1, 0, 0, 0]], [[1, 1, 1, 0]], [[1, 1, 1, 1], [1, 1, 0, 0]], [[1, 0, 0, 0]]]
+    for mask in masks:  # steps 1..5; the window holds steps 3 and 4
+        cb.on_step_begin(t.args, t.state, None)
+        t.model(input_ids=torch.tensor(mask), attention_mask=torch.tensor(mask))
+        t.state.global_step += 1
+        cb.on_step_end(t.args, t.state, None)
+    cb.on_train_end(t.args, t.state, None)
+    s = cb.summary()
+    assert (s["train_window_first_step"], s["train_window_last_step"], s["train_window_complete"]) == (3, 4, True)
+    assert s["train_window_steps"] == 2 and s["train_window_samples"] == 3
+    assert s["train_window_real_tokens"] == 3 + 4 + 2 and s["train_window_batch_tokens"] == 12
+    assert s["train_window_sum_sq_lengths"] == 9 + 16 + 4
+    assert s["train_window_padding_fraction"] == 0.25
+    assert s["train_window_seconds"] > 0 and s["train_window_warmup_s"] > 0 and s["train_first_step_s"] > 0
+    assert s["train_window_samples_per_second"] == pytest.approx(3 / s["train_window_seconds"], rel=1e-3)
+    assert s["train_real_tokens_batches"] == 2 + 1 + 9 + 1  # the whole run still counts every step
+    cut = TelemetryCallback(timed_steps=(2, 40))
+    cut.on_train_begin(t.args, t.state, None, model=t.model)
+    cut.on_train_end(t.args, t.state, None)
+    assert cut.summary()["train_window_complete"] is False
 
 
 def test_run_callbacks_follow_the_arguments():
     from qa.args import RunArguments
-    from qa.callbacks import TelemetryCallback, run_callbacks
+    from qa.callbacks import RunCallbacks, TelemetryCallback
+    from qa.communication import CommunicationCallback
+    from qa.preemption import CheckpointOnSignalCallback
     from qa.profiling import ProfilerCallback
 
     training_args = SimpleNamespace(output_dir="x")
-    kinds = [type(c) for c in run_callbacks(RunArguments(profile=True), training_args)]
-    assert kinds == [TelemetryCallback, ProfilerCallback]
-    assert run_callbacks(RunArguments(telemetry=False), training_args) == []
+    kinds = [type(c) for c in RunCallbacks(RunArguments(profile=True), training_args).callbacks]
+    assert kinds == [TelemetryCallback, ProfilerCallback, CheckpointOnSignalCallback, CommunicationCallback]
+    fewest = RunCallbacks(RunArguments(telemetry=False, checkpoint_on_sigterm=False), training_args)
+    # the communication callback stays: it acts only in distributed runs
+    assert [type(c) for c in fewest.callbacks] == [CommunicationCallback]
+    assert fewest.log_values({"loss": 1.0}) == {} and fewest.summary() == {}
+    switches = RunCallbacks(RunArguments(ddp_comm_hook="bf16", fsdp_reduce_dtype="fp32"), training_args)
+    assert (switches.communication.ddp_comm_hook, switches.communication.fsdp_reduce_dtype) == ("bf16", "fp32")
+    assert RunCallbacks(RunArguments(telemetry_window="2:5"), training_args).telemetry.timed_steps == (2, 5)
     with pytest.raises(ValueError):
         RunArguments(profile_active=0)
     with pytest.raises(ValueError):
         RunArguments(peak_tflops=-1)
+    with pytest.raises(ValueError, match="telemetry_window"):
+        RunArguments(telemetry_window="5:5")
+
+
+def test_callbacks_are_installed_through_the_public_api():
+    """After the Trainer's own callbacks (flow, progress, reporting), in the order built; no
+    reordering of the Trainer's list and no frame walking is needed."""
+    import inspect
+
+    from transformers import Trainer, TrainingArguments
+    from transformers.integrations import TensorBoardCallback
+
+    import qa.callbacks
+    from qa.args import RunArguments
+    from qa.callbacks import RunCallbacks
+
+    assert "_getframe" not in inspect.getsource(qa.callbacks)
+    model = _Tiny().model
+    args = TrainingArguments(output_dir="x", use_cpu=True, report_to=["tensorboard"])
+    trainer = Trainer(model=model, args=args)
+    before = list(trainer.callback_handler.callbacks)
+    assert any(isinstance(c, TensorBoardCallback) for c in before)
+    callbacks = RunCallbacks(RunArguments(profile=True), args)
+    callbacks.install(trainer)
+    assert trainer.callback_handler.callbacks == before + callbacks.callbacks
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+from qa.errors import InputError, command
+
 EVENT_GLOB = "events.out.tfevents.*"
 
 # plot file -> (title, [(panel title, [curve: alternative tags, the first present is drawn])])
@@ -35,10 +37,6 @@ PLOTS = {
                                                          ["eval/exact_match", "eval_exact_match"]])]),
 }
 PERF_SHOWN_ELSEWHERE = {"samples_per_s", "real_tokens_per_s"}
-
-
-class NoEvents(Exception):
-    pass
 
 
 def events_root(run_dir: Path) -> Path:
@@ -56,11 +54,11 @@ def load_scalars(run_dir) -> dict:
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise NoEvents(f"{run_dir}: no such folder")
+        raise InputError(str(run_dir), "no such folder", "pass a run's output_dir")
     folders = find_event_dirs(run_dir)
     if not folders:
-        raise NoEvents(f"{run_dir}: no TensorBoard event files ({EVENT_GLOB}) in {events_root(run_dir)} or below; "
-                       "pass a run's output_dir (TensorBoard writes into its runs/ unless --report_to none)")
+        raise InputError(str(run_dir), f"no TensorBoard event files ({EVENT_GLOB}) in {events_root(run_dir)} or below",
+                         "pass a run's output_dir (TensorBoard writes into its runs/ unless --report_to none)")
     latest = {}  # tag -> step -> (wall_time, value)
     for folder in folders:
         acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})  # 0: keep every point
@@ -71,7 +69,8 @@ def load_scalars(run_dir) -> dict:
                 if e.step not in points or e.wall_time >= points[e.step][0]:
                     points[e.step] = (e.wall_time, e.value)
     if not latest:
-        raise NoEvents(f"{run_dir}: the event files hold no scalars")
+        raise InputError(str(run_dir), "the event files hold no scalars",
+                         "pass the output_dir of a run that trained and logged (logging_steps)")
     return {tag: sorted((step, v) for step, (_, v) in points.items()) for tag, points in latest.items()}
 
 
@@ -150,6 +149,7 @@ def summary_markdown(run_dir, scalars, plots) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -157,11 +157,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="where to write the PNGs and summary.md (default RUN_DIR/tb_plots)")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
-    try:
-        scalars = load_scalars(run_dir)
-    except NoEvents as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    scalars = load_scalars(run_dir)
     out_dir = Path(args.out) if args.out else run_dir / "tb_plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = plot(scalars, out_dir)

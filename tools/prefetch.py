@@ -6,13 +6,16 @@
 Run it on a login node. Afterwards, with HF_HOME=DIR HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1,
 `AutoModelForQuestionAnswering.from_pretrained(MODEL)`, `AutoTokenizer.from_pretrained(MODEL)`
 and `load_dataset(DATASET, C)` work offline; this script checks that before it reports success.
-Prints one summary line on stdout; on failure, one line `prefetch: error: ...` on stderr, exit 1.
+Prints one summary line on stdout; on failure, the project's one line `error: ... Fix: ...` on
+stderr and exit status 2 (qa.errors).
 """
 import argparse
 import json
 import os
 import subprocess
 import sys
+
+from qa.errors import InputError, command
 
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 # Top-level files that from_pretrained needs: config, tokenizer and one weights format (the
@@ -35,10 +38,6 @@ print(json.dumps({split: ds[split].num_rows for split in ds}))
 """
 
 
-class PrefetchError(Exception):
-    """A failure whose message already says what to do."""
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="Hub model id, e.g. google-bert/bert-base-uncased")
@@ -56,32 +55,38 @@ def files_to_fetch(repo_files):
         if weights:
             break
     else:
-        raise PrefetchError("the model repository holds no .safetensors or .bin weights at its "
-                            "top level; check MODEL")
+        raise InputError("the model repository", "holds no .safetensors or .bin weights at its top level",
+                         "check MODEL (a Hub id of a transformers model)")
     return sorted(f for f in top if f.endswith(CONFIG_SUFFIXES)) + sorted(weights)
 
 
-def explain(exc, model, dataset, endpoint):
-    """One line that says what went wrong and how to fix it."""
+def explain(exc, model, dataset, endpoint) -> InputError:
+    """A library's exception as the project's one-line error, with what to do about it."""
+    if isinstance(exc, InputError):
+        return exc
     chain, e = [], exc
     while e is not None and e not in chain:
         chain.append(e)
         e = e.__cause__ or e.__context__
     names = {type(c).__name__ for c in chain}
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, PrefetchError):
-        return str(exc)
+    first = " ".join((str(exc).strip().splitlines() or [type(exc).__name__])[0].split()) or type(exc).__name__
+    where = f"{model} / {dataset}"
     if "GatedRepoError" in names:
-        return (f"access to {model} or {dataset} is gated: accept its terms on the Hub, then "
-                "`hf auth login` or export HF_TOKEN, and run again")
+        return InputError(where, "access is gated", "accept its terms on the Hub, then `hf auth login` or export "
+                          "HF_TOKEN, and run again")
     if names & {"RepositoryNotFoundError", "DatasetNotFoundError"}:
-        return f"not found on the Hub ({first}): check the MODEL/DATASET name"
+        return InputError(where, f"not found on the Hub ({first})", "check the MODEL/DATASET name")
     if names & set(NETWORK_ERRORS):
-        return (f"cannot reach the Hugging Face Hub at {endpoint} ({first}): run this on a login "
-                "node with internet access (compute nodes have none)")
+        return _unreachable(endpoint, first)
     if any(isinstance(c, OSError) and c.errno == 28 for c in chain):
-        return "no space left in the cache directory: choose another with HF_CACHE_DIR (e.g. under $LUSTRE)"
-    return f"{type(exc).__name__}: {first}"
+        return InputError(where, "no space left in the cache directory", "choose another with HF_CACHE_DIR "
+                          "(e.g. under $LUSTRE)")
+    return InputError(where, f"{type(exc).__name__}: {first}", "see the message; run again once it is fixed")
+
+
+def _unreachable(endpoint, why) -> InputError:
+    return InputError(f"the Hugging Face Hub at {endpoint}", f"cannot be reached ({why})",
+                      "run this on a login node with internet access (compute nodes have none)")
 
 
 def check_hub(endpoint):
@@ -91,9 +96,7 @@ def check_hub(endpoint):
     try:
         get_session().head(endpoint, timeout=15)  # any HTTP answer means the Hub is reachable
     except Exception as exc:
-        raise PrefetchError(
-            f"cannot reach the Hugging Face Hub at {endpoint} ({type(exc).__name__}: {exc}): run "
-            "this on a login node with internet access (compute nodes have none)") from exc
+        raise _unreachable(endpoint, f"{type(exc).__name__}: {' '.join(str(exc).split())}") from exc
 
 
 def prefetch(model, dataset, config, cache_dir):
@@ -112,12 +115,14 @@ def prefetch(model, dataset, config, cache_dir):
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or ["no message"]
-        raise PrefetchError(f"downloaded, but loading offline from {cache_dir} failed: {lines[-1]}")
+        raise InputError(f"{model} / {dataset}", f"downloaded, but loading offline from {cache_dir} failed: "
+                         f"{lines[-1]}", "see the message; run again to complete the download")
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     splits = ", ".join(f"{k} {v}" for k, v in rows.items())
     return f"model {model} ({len(wanted)} files), dataset {dataset} ({splits}) in {cache_dir}"
 
 
+@command
 def main(argv=None):
     args = parse_args(argv)
     cache_dir = os.path.abspath(args.cache_dir)
@@ -133,12 +138,10 @@ def main(argv=None):
     try:
         os.makedirs(cache_dir, exist_ok=True)
         if not os.access(cache_dir, os.W_OK):
-            raise PrefetchError(f"cannot write to {cache_dir}: choose another with HF_CACHE_DIR")
+            raise InputError(cache_dir, "cannot be written to", "choose another cache with HF_CACHE_DIR")
         print(prefetch(args.model, args.dataset, args.dataset_config, cache_dir))
-    except Exception as exc:
-        message = " ".join(explain(exc, args.model, args.dataset, endpoint).split())  # one line
-        print(f"prefetch: error: {message}", file=sys.stderr)
-        return 1
+    except Exception as exc:  # whatever the libraries raise becomes one line that says what to do
+        raise explain(exc, args.model, args.dataset, endpoint) from exc
     return 0
 
 

@@ -11,7 +11,11 @@ Writes into DIR (default STUDY), atomically:
   batch, median training time (train_runtime) and its min-max, median wall clock
   (WALL_CLOCK_SECONDS), median samples/s, speedup (baseline median training time / this median
   training time) and parallel efficiency (speedup / GPUs) against the 1x1 baseline, F1 (median,
-  and min-max when they differ); then every failed, incomplete or missing run with its reason
+  and min-max when they differ); then, for every multi-GPU cell, its median step time beside
+  the communication model's prediction (qa/scaling_model.py, from the baseline run's records and
+  the cell's own measured bus bandwidth, batch and switches), with the step's measured parts
+  (compute, exposed communication, the rest: qa/communication.py) and a flag where measurement
+  and model part by more than 25 %; then every failed, incomplete or missing run with its reason
   (none is dropped silently), and one line per completed run;
 - scaling_speedup.png: speedup against number of GPUs, a line per strategy and node count
   through the medians, a dot per repeat, and the ideal y = x;
@@ -40,18 +44,16 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from qa.io import atomic_write_json, atomic_write_text  # noqa: E402
+from qa.errors import InputError, command
+from qa.io import atomic_write_json, atomic_write_text
+from qa.scaling_model import (FT3_INTER_BUSBW, FT3_INTRA_BUSBW, Settings, WhatIf, baseline_from_records, predict,
+                              ring_busbw)
 
 REPORT, PLOT, SUMMARY = "scaling_report.md", "scaling_speedup.png", "scaling_summary.json"
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
           "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
 # "Key=Value" pairs of `scontrol -o`; values may hold '=' (TRES=cpu=1,...) or spaces.
 _KV = re.compile(r"(?:^|\s)([A-Za-z][\w:/.]*)=(.*?)(?=\s[A-Za-z][\w:/.]*=|$)")
-
-
-class StudyError(Exception):
-    pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,21 +63,24 @@ class StudyError(Exception):
 def load_manifest(study: Path) -> dict:
     path = study / "manifest.json"
     if not study.is_dir():
-        raise StudyError(f"{study}: no such folder")
+        raise InputError(str(study), "no such folder", "give the study folder tools/scaling_submit.sh made")
     if not path.is_file():
-        raise StudyError(f"{study}: no manifest.json, so not a study folder "
-                         "(tools/scaling_submit.sh writes it when it submits the jobs)")
+        raise InputError(str(study), "no manifest.json, so not a study folder",
+                         "give the folder tools/scaling_submit.sh made (it writes manifest.json when it "
+                         "submits the jobs)")
     try:
         manifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise StudyError(f"{path}: unreadable ({err})") from None
+        raise InputError(str(path), f"unreadable ({' '.join(str(err).split())})",
+                         "restore it: tools/scaling_submit.sh rewrites it after each submission") from None
     runs = manifest.get("runs") if isinstance(manifest, dict) else None
     if not runs:
-        raise StudyError(f"{path}: lists no runs")
+        raise InputError(str(path), "lists no runs", "submit the study with tools/scaling_submit.sh")
     for i, run in enumerate(runs):
         missing = [k for k in ("name", "strategy", "nodes", "gpus_per_node") if k not in run]
         if missing:
-            raise StudyError(f"{path}: run #{i + 1} lacks {', '.join(missing)}")
+            raise InputError(str(path), f"run #{i + 1} lacks {', '.join(missing)}",
+                             "restore the manifest tools/scaling_submit.sh wrote")
     return manifest
 
 
@@ -441,6 +446,110 @@ def runs_section(runs, base_median):
     return lines + ["", "\\* this run against the baseline's median.", ""]
 
 
+# ---------------------------------------------------------------------------------------------
+# Measured beside predicted
+
+
+MARGIN = 0.25  # a cell whose median step time departs from the model's by more than this is flagged
+
+
+def _median_of(members, key):
+    values = [v for v in (_number((m["results"] or {}).get(key)) for m in members) if v is not None]
+    return statistics.median(values) if values else None
+
+
+def predictions(rows, runs, baseline):
+    """(one entry per multi-GPU cell: measured step time and its parts beside the communication
+    model's prediction, notes). The model (qa/scaling_model.py) starts from the baseline run
+    whose step time is the median of the baseline's, and takes each cell's own measured bus
+    bandwidth (its comm_* records) where there is one."""
+    if baseline is None:
+        return [], ["No completed baseline: nothing to predict from."]
+    by_name = {r["name"]: r for r in runs}
+    timed = sorted((m for m in (by_name[n] for n in baseline["runs"])
+                    if _number(m["results"].get("train_step_time_mean_s"))),
+                   key=lambda m: m["results"]["train_step_time_mean_s"])
+    if not timed:
+        return [], ["The baseline runs recorded no step time (train_step_time_mean_s: telemetry off?): "
+                    "nothing to predict from."]
+    base_run = timed[(len(timed) - 1) // 2]
+    try:
+        base, _ = baseline_from_records(base_run["results"], base_run["env"] or {}, base_run["folder"])
+    except InputError as err:
+        return [], [f"The baseline run {base_run['name']} cannot be modelled: {err}"]
+    out, assumed = [], set()
+    for row in rows:
+        if row["baseline"] or not row["ok"]:
+            continue
+        members = [by_name[n] for n in row["runs"]]
+        step = _median_of(members, "train_step_time_mean_s")
+        if step is None:
+            continue
+        nodes, per = row["nodes"], row["gpus_per_node"]
+        busbw, intra = _median_of(members, "comm_allreduce_busbw_GBps"), _median_of(members, "comm_intranode_busbw_GBps")
+        if busbw is None:
+            source = "assumed"
+            intra, inter = FT3_INTRA_BUSBW, FT3_INTER_BUSBW
+            assumed.add(row["strategy"] + f" {nodes}×{per}")
+        elif nodes > 1:
+            source, inter, intra = "measured", busbw, intra or FT3_INTRA_BUSBW
+        else:
+            source, intra, inter = "measured", busbw, FT3_INTER_BUSBW
+        cfg = (members[0]["env"] or {}).get("config") or {}
+        what = WhatIf(bf16=cfg.get("ddp_comm_hook") in ("bf16", "fp16") if row["strategy"] == "ddp"
+                      else cfg.get("fsdp_reduce_dtype") == "bf16",
+                      accum=int(cfg.get("gradient_accumulation_steps") or 1),
+                      batch_mult=(cfg.get("per_device_train_batch_size") or base.batch) / base.batch)
+        bucket = cfg.get("ddp_bucket_cap_mb")
+        settings = Settings(bucket_bytes=int(bucket * 2 ** 20)) if bucket else Settings()
+        model = predict(base, nodes, per, row["strategy"], what, ring_busbw(nodes, per, intra, inter), settings)
+        compute, exposed = _median_of(members, "comm_step_nosync_s"), _median_of(members, "comm_exposed_s")
+        departure = step / model["step_s"] - 1
+        out.append({"strategy": row["strategy"], "nodes": nodes, "gpus_per_node": per, "gpus": row["gpus"],
+                    "busbw_GBps": ring_busbw(nodes, per, intra, inter), "busbw_source": source,
+                    "what_if": what.name, "step_s": step, "predicted_step_s": model["step_s"],
+                    "departure": departure, "flagged": abs(departure) > MARGIN,
+                    "compute_s": compute, "exposed_s": exposed,
+                    "rest_s": None if compute is None or exposed is None else step - compute - exposed,
+                    "predicted_exposed_s": model["comm_exposed_s"], "speedup": row["speedup"],
+                    "predicted_speedup": model["speedup"]})
+    notes = [f"Baseline for the model: {base_run['name']} ({base.compute_s * 1e3:,.1f} ms per micro-batch, "
+             f"batch {base.batch}, {base.params:,} parameters x {base.grad_dtype_bytes} bytes)."]
+    if assumed:
+        notes.append(f"No measured bandwidth for {', '.join(sorted(assumed))}: FinisTerrae III defaults assumed "
+                     f"({FT3_INTRA_BUSBW:g} GB/s within a node, {FT3_INTER_BUSBW:g} GB/s across nodes).")
+    return out, notes
+
+
+def predictions_section(entries, notes):
+    lines = ["## Measured and predicted", ""]
+    if not entries:
+        return lines + notes + [""]
+    lines += ["| strategy | nodes × GPUs | busbw (GB/s) | what-if | step, measured (ms) | step, predicted (ms) "
+              "| departure | compute (ms) | exposed communication, measured (ms) | predicted (ms) | rest (ms) "
+              "| speedup, measured | predicted | |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+
+    def ms(v):
+        return "—" if v is None else f"{v * 1e3:,.1f}"
+
+    for e in entries:
+        flag = f"**departs by more than {MARGIN:.0%}**" if e["flagged"] else ""
+        lines.append(f"| {e['strategy']} | {e['nodes']}×{e['gpus_per_node']} | {_f(e['busbw_GBps'], 2)} "
+                     f"({e['busbw_source']}) | {e['what_if']} | {ms(e['step_s'])} | {ms(e['predicted_step_s'])} | "
+                     f"{e['departure']:+.0%} | {ms(e['compute_s'])} | {ms(e['exposed_s'])} | "
+                     f"{ms(e['predicted_exposed_s'])} | {ms(e['rest_s'])} | {_f(e['speedup'], 2)} | "
+                     f"{_f(e['predicted_speedup'], 2)} | {flag} |")
+    lines += ["", "Step = the median optimizer step time of the cell's runs (train_step_time_mean_s). Its parts, "
+              "from the runs' own records (qa/communication.py, measured before training on one batch): compute = "
+              "forward + backward without gradient synchronisation (comm_step_nosync_s); exposed communication = "
+              "with minus without (comm_exposed_s); rest = step - both (the optimizer step, waits, stragglers). "
+              "Predicted: the communication model of docs/scaling.md from the baseline run's records, the cell's "
+              "measured bus bandwidth (comm_allreduce_busbw_GBps) and its batch, accumulation and compression "
+              f"(what-if). A departure beyond {MARGIN:.0%} is flagged: the model misses something there.", ""]
+    return lines + notes + [""]
+
+
 def unlisted(study, manifest):
     listed = {r["name"] for r in manifest["runs"]}
     return sorted(p.name for p in study.iterdir()
@@ -501,8 +610,9 @@ def build(study: Path, out: Path, use_slurm: bool = True) -> dict:
         classify(run, slurm)
     if not any(r["status"] == "ok" for r in runs):
         counts = Counter(r["status"] for r in runs)
-        raise StudyError(f"{study}: none of the {len(runs)} runs in manifest.json has usable results ("
-                         + ", ".join(f"{n} {s}" for s, n in counts.most_common()) + "); nothing to report")
+        raise InputError(str(study), f"none of the {len(runs)} runs in manifest.json has usable results ("
+                         + ", ".join(f"{n} {s}" for s, n in counts.most_common()) + "); nothing to report",
+                         "wait for the jobs to finish (squeue --me), or see their slurm-*.err logs")
     rows = group_rows(runs)
     baseline = pick_baseline(rows, manifest)
     add_speedups(rows, baseline)
@@ -519,6 +629,8 @@ def build(study: Path, out: Path, use_slurm: bool = True) -> dict:
     lines = header(study, manifest, runs, slurm) + table(rows, baseline)
     lines += [f"![speedup against GPUs]({PLOT})" if plotted else
               "No plot: it needs a completed baseline and at least one other completed shape.", ""]
+    predicted, notes = predictions(rows, runs, baseline)
+    lines += predictions_section(predicted, notes)
     lines += problems_section(runs) + runs_section(runs, base_median)
     extra = unlisted(study, manifest)
     if extra:
@@ -528,6 +640,7 @@ def build(study: Path, out: Path, use_slurm: bool = True) -> dict:
     summary = {
         "study": str(study), "written_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "baseline": baseline and {k: baseline[k] for k in ("strategy", "nodes", "gpus_per_node")},
+        "predictions": predicted, "prediction_margin": MARGIN,
         "rows": [{k: v for k, v in r.items() if k != "repeat_train_runtime"} for r in rows],
         "runs": [{k: r.get(k) for k in ("name", "job_id", "strategy", "nodes", "gpus_per_node", "repeat",
                                         "status", "reason", "folder")} for r in runs],
@@ -537,6 +650,7 @@ def build(study: Path, out: Path, use_slurm: bool = True) -> dict:
     return summary
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -546,11 +660,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     study = Path(args.study)
     out = Path(args.out) if args.out else study
-    try:
-        summary = build(study, out, use_slurm=not args.no_slurm)
-    except StudyError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    summary = build(study, out, use_slurm=not args.no_slurm)
     ok = sum(r["status"] == "ok" for r in summary["runs"])
     print(f"{ok}/{len(summary['runs'])} runs usable -> {out / REPORT}"
           + (f", {out / PLOT}" if summary["plot"] else " (no plot)"))

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Submit the scaling study: every shape x strategy x repeat as its own sbatch job of job_ddp.sh.
+# Submit the scaling study: every shape x strategy x repeat as its own sbatch job: the 1x1 baseline
+# with job_ft3.sh, every other cell with job_ddp.sh.
 #
 #   tools/scaling_submit.sh [--shapes "1x1 1x2 2x1 2x2"] [--strategies "ddp fsdp"] [--repeats 5]
 #       [--config configs/reference.json] [--study runs/scaling/<date>] [--global-batch N]
 #       [--env-file FILE] [--job-script job_ddp.sh] [--dry-run] [SBATCH OPTIONS...] [-- RUN_QA ARGS...]
 #
 # Shapes are NODESxGPUS_PER_NODE. Any option not listed above goes to sbatch as is (--partition
-# gpu, --time=02:00:00, --account X, ...); what follows `--` goes to run_qa.py (via job_ddp.sh).
+# gpu, --time=02:00:00, --account X, ...); what follows `--` goes to run_qa.py (via the job).
+# --job-script: the script of the multi-GPU cells [job_ddp.sh]; the baseline is always job_ft3.sh.
 # Each run writes into STUDY/<strategy>-<nodes>x<gpus>-r<k> (OUTPUT_DIR and --output_dir), and
 # STUDY/manifest.json lists every submitted job (rewritten atomically after each submission).
 #
-# The 1x1 baseline is submitted once per repeat, not once per strategy, through job_ddp.sh with
-# one process and STRATEGY=ddp (run name ddp-1x1-rK): the same script, environment, launcher and
-# GLOBAL_BATCH handling as every other cell (srun + torchrun), so the speedup measures the
-# parallelism and nothing else (job_ft3.sh runs python directly: another launch path). With one
-# process DDP has no peer to synchronise with and FSDP has nothing to shard: single-GPU training.
+# The 1x1 baseline is submitted once per repeat, not once per strategy, with job_ft3.sh and
+# STRATEGY=ddp (run name ddp-1x1-rK): exactly what a user's `sbatch job_ft3.sh` runs. job_ft3.sh
+# and job_ddp.sh share one launcher (jobs/launch.sh: environment, srun + torchrun, GLOBAL_BATCH,
+# requeue), job_ft3.sh being its 1 node x 1 process case, so the speedup measures the parallelism
+# and nothing else. With one process DDP has no peer to synchronise with: single-GPU training.
 # --no-requeue: a run that hits the time limit and resumes from a checkpoint in a requeued job
 # reports the training time of its last part only, so it cannot count (pass --requeue to allow it;
 # the report lists such runs as "resumed"). Logs: STUDY/<run>/slurm-<jobid>.out and .err.
@@ -27,6 +29,7 @@ abspath() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 
 shapes="1x1 1x2 2x1 2x2"; strategies="ddp fsdp"; repeats=5; config=configs/reference.json
 study=""; global_batch=""; env_file=""; job_script=job_ddp.sh; dry=0; sbatch_extra=(); run_extra=()
+baseline_script=$ROOT/job_ft3.sh
 while [ $# -gt 0 ]; do
   case $1 in
     --shapes) shapes=$2; shift ;;
@@ -56,6 +59,8 @@ for sh in $shapes; do [[ $sh =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || die "bad shape '
 if [ -f "$job_script" ]; then job_script=$(abspath "$job_script")
 elif [ -f "$ROOT/$job_script" ]; then job_script=$ROOT/$job_script
 else [ $dry = 1 ] || die "job script not found: $job_script"; fi
+[[ $dry = 1 || -f $baseline_script || " $shapes " != *" 1x1 "* ]] ||
+  die "$baseline_script not found: the 1x1 baseline runs it; restore it or leave 1x1 out of --shapes"
 study=$(abspath "${study:-runs/scaling/$(date +%Y-%m-%d_%H%M)}")
 manifest=$study/manifest.json
 [ $dry = 1 ] || [ ! -e "$manifest" ] || die "$manifest exists: pick a new --study folder"
@@ -80,6 +85,7 @@ write_manifest() {  # atomically: a temporary file in the same folder, then rena
   "submit_host": $(json_str "$(hostname)"),
   "repo": $(json_str "$ROOT"),
   "job_script": $(json_str "$job_script"),
+  "baseline_job_script": $(json_str "$baseline_script"),
   "config": $(json_str "$config"),
   "global_batch": ${global_batch:-null},
   "env_file": $( [ -n "$env_file" ] && json_str "$env_file" || echo null),
@@ -110,9 +116,11 @@ for ((r = 1; r <= repeats; r++)); do
     exports=ALL,STRATEGY=$strategy,CONFIG=$config,NPROC_PER_NODE=$gpus,OUTPUT_DIR=$out
     [ -z "$global_batch" ] || exports+=,GLOBAL_BATCH=$global_batch
     [ -z "$env_file" ] || exports+=,ENV_FILE=$env_file
+    script=$job_script
+    [ "${nodes}x$gpus" != 1x1 ] || script=$baseline_script
     cmd=(sbatch --parsable -J "scal-$name" -N "$nodes" "--gres=gpu:a100:$gpus" --no-requeue
          "--output=$out/slurm-%j.out" "--error=$out/slurm-%j.err" "--export=$exports" "${sbatch_extra[@]}"
-         "$job_script" "${run_extra[@]}" --output_dir "$out")
+         "$script" "${run_extra[@]}" --output_dir "$out")
     if [ $dry = 1 ]; then show "${cmd[@]}"; continue; fi
     mkdir -p "$out"   # sbatch does not create the folder of --output
     job=$("${cmd[@]}") || die "sbatch failed for $name; $n job(s) submitted so far are in $manifest"

@@ -1,0 +1,272 @@
+# jobs/launch.sh: the one launcher of job_ft3.sh and job_ddp.sh. Sourced by them (bash), not run.
+#
+# A job script finds the repository, sources this file (which traps USR1 and TERM at once) and
+# calls `jl_main NAME SHAPE [CONFIG.json] [run_qa.py arguments...]`. SHAPE is `1x1` (job_ft3.sh:
+# one node, one process) or `granted` (job_ddp.sh: every node of the job, NPROC_PER_NODE or the
+# GPUs granted processes on each). Both then take the same path, so a 1-GPU job is the world-size-1
+# case of a multi-GPU one:
+#   1. checks that need no Python, so bad input fails within a second: ENV_FILE, the config, the
+#      SLURM job, the shape, GLOBAL_BATCH, STRATEGY;
+#   2. the settings run_qa.py will use (output folder, batch, accumulation, learning rate, which
+#      arguments were given), from run_qa.py's own parser (`python -m qa.config`): no default is
+#      restated here;
+#   3. `srun` one task per node, each a `torchrun` starting the node's processes (c10d rendezvous
+#      on the first node), in the background while the shell waits;
+#   4. USR1 (`--signal=B:USR1@T`) or TERM: SIGTERM to every process of the job's steps, which save
+#      a checkpoint and stop; the job requeues itself; each run of the job appends its wall-clock
+#      time and outcome to OUTPUT/job_time.jsonl.
+# The variables it reads are documented in the job scripts' headers and docs/slurm.md.
+set -uo pipefail
+
+REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+JL_T0=$(date +%s)
+JL_START_UTC=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+JL_SIGNALED=""   # USR1 or TERM once the batch shell got one
+JL_CHILD=""      # pid of srun
+JL_NAME=${JL_NAME:-job}
+# From the start: a USR1 before training starts must not kill the batch shell (its default action).
+trap 'jl_on_signal USR1' USR1
+trap 'jl_on_signal TERM' TERM
+
+JL_NOTES=()  # lines jl_log_environment logs after its header
+jl_note() { JL_NOTES+=("$*"); }
+jl_log() { printf '[%s %s] %s\n' "$(date +%H:%M:%S)" "$JL_NAME" "$*"; }
+jl_die() { printf '%s: error: %s\n' "$JL_NAME" "$*" >&2; exit 1; }
+
+jl_main() {
+  JL_NAME=$1
+  local shape=$2
+  shift 2
+  jl_environment
+  jl_arguments "$@"
+  [[ -n ${SLURM_JOB_ID:-} ]] ||
+    jl_die "not inside a SLURM job: submit with sbatch (on one machine: python run_qa.py CONFIG, or torchrun --standalone --nproc_per_node N run_qa.py CONFIG)"
+  jl_shape "$shape"
+  jl_check_global_batch "$JL_WORLD"
+  STRATEGY=${STRATEGY:-ddp}
+  [[ $STRATEGY == ddp || $STRATEGY == fsdp ]] || jl_die "STRATEGY=$STRATEGY: use ddp or fsdp"
+  jl_read_settings
+  jl_global_batch "$JL_WORLD"
+  jl_strategy
+  jl_launch
+}
+
+# The environment setup_bert.sh wrote (venv, HF_HOME, offline mode, modules).
+jl_environment() {
+  ENV_FILE=${ENV_FILE:-${STORE:-$HOME}/venvs/bert-squad.env.sh}
+  [[ -f $ENV_FILE ]] ||
+    jl_die "environment file $ENV_FILE not found: run ./setup_bert.sh on a login node first (it writes it), or set ENV_FILE=/path/to/env.sh"
+  set +u  # activate scripts and `module` are not written for `set -u`
+  # shellcheck disable=SC1090
+  source "$ENV_FILE" || { set -u; jl_die "sourcing $ENV_FILE failed (see above): rerun ./setup_bert.sh"; }
+  set -u
+  command -v python >/dev/null || jl_die "no python after sourcing $ENV_FILE: rerun ./setup_bert.sh"
+  # Compute nodes have no internet: never try the Hub (OFFLINE=0 to allow it where nodes are online).
+  if [[ ${OFFLINE:-1} == 1 ]]; then export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1; fi
+  export HF_HOME=${HF_HOME:-${LUSTRE:-${STORE:-$HOME}}/hf_cache}
+  export PYTHONUNBUFFERED=1   # log lines reach the .out file as they happen
+}
+
+# CONFIG (absolute) and RUN_QA_ARGS: the config is the first argument if it is a .json file, else
+# CONFIG, else the reference recipe; then OUTPUT_DIR, RUN_ARGS and the trailing arguments, the last
+# one winning as in run_qa.py.
+jl_arguments() {
+  if [[ $# -gt 0 && $1 == *.json ]]; then CONFIG=$1; shift; fi
+  CONFIG=${CONFIG:-configs/reference.json}
+  if [[ -f $CONFIG ]]; then CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
+  elif [[ $CONFIG != /* && -f $REPO_DIR/$CONFIG ]]; then CONFIG=$REPO_DIR/$CONFIG
+  else jl_die "config $CONFIG not found (looked in $PWD and $REPO_DIR): pass an existing JSON config as the first argument or CONFIG=configs/NAME.json"
+  fi
+  local extra=()
+  RUN_QA_ARGS=()
+  if [[ -n ${OUTPUT_DIR:-} ]]; then RUN_QA_ARGS+=(--output_dir "$OUTPUT_DIR"); fi
+  if [[ -n ${RUN_ARGS:-} ]]; then read -r -a extra <<<"$RUN_ARGS"; RUN_QA_ARGS+=("${extra[@]}"); fi
+  RUN_QA_ARGS+=("$@")
+  if ((${SLURM_RESTART_COUNT:-0} > 0)); then  # a requeued run continues, whatever --resume said
+    RUN_QA_ARGS+=(--resume auto)
+    jl_note "restart ${SLURM_RESTART_COUNT}: --resume auto (from the last complete checkpoint in the output folder)"
+  fi
+}
+
+# NNODES x NPROC processes = JL_WORLD. 1x1 whatever was granted (one GPU is the point of
+# job_ft3.sh); `granted`: all the job's nodes, NPROC_PER_NODE or the GPUs SLURM granted per node.
+jl_shape() {
+  if [[ $1 == 1x1 ]]; then
+    NNODES=1 NPROC=1
+    ((${SLURM_NNODES:-1} == 1)) || jl_note "warning: $SLURM_NNODES nodes granted, $JL_NAME uses the first (job_ddp.sh uses them all)"
+    ((${SLURM_GPUS_ON_NODE:-1} <= 1)) || jl_note "warning: $SLURM_GPUS_ON_NODE GPUs granted, $JL_NAME uses one (job_ddp.sh uses them all)"
+    [[ ${NPROC_PER_NODE:-1} == 1 ]] || jl_note "warning: NPROC_PER_NODE=$NPROC_PER_NODE ignored: $JL_NAME runs one process"
+  else
+    NNODES=${SLURM_NNODES:-1}
+    NPROC=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-}}
+    [[ $NPROC =~ ^[1-9][0-9]*$ ]] ||
+      jl_die "no GPUs granted on this node (ask sbatch --gres=gpu:a100:N) and NPROC_PER_NODE is not set (set it for CPU runs)"
+    if [[ -n ${SLURM_GPUS_ON_NODE:-} && $NPROC != "$SLURM_GPUS_ON_NODE" ]]; then
+      jl_note "warning: NPROC_PER_NODE=$NPROC processes per node but SLURM granted $SLURM_GPUS_ON_NODE GPU(s)"
+    fi
+  fi
+  JL_WORLD=$((NNODES * NPROC))
+  if [[ -z ${OMP_NUM_THREADS:-} && -n ${SLURM_CPUS_PER_TASK:-} ]]; then
+    export OMP_NUM_THREADS=$((SLURM_CPUS_PER_TASK / NPROC > 0 ? SLURM_CPUS_PER_TASK / NPROC : 1))
+  fi
+}
+
+# OUTPUT, PER_DEVICE_BATCH, GRAD_ACCUM, LEARNING_RATE and JL_GIVEN as run_qa.py will resolve them:
+# its own parser and TrainingArguments' defaults. Without the distributed variables, building
+# TrainingArguments sets up no process group.
+jl_read_settings() {
+  local values line
+  values=$(env -u WORLD_SIZE -u RANK -u LOCAL_RANK -u LOCAL_WORLD_SIZE PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" \
+    python -m qa.config "$CONFIG" "${RUN_QA_ARGS[@]}") || exit 1  # it printed the one-line error
+  OUTPUT="" PER_DEVICE_BATCH="" GRAD_ACCUM="" LEARNING_RATE="" JL_GIVEN=""
+  while IFS= read -r line; do
+    case $line in
+      output_dir=*) OUTPUT=${line#*=} ;;
+      per_device_train_batch_size=*) PER_DEVICE_BATCH=${line#*=} ;;
+      gradient_accumulation_steps=*) GRAD_ACCUM=${line#*=} ;;
+      learning_rate=*) LEARNING_RATE=${line#*=} ;;
+      given=*) JL_GIVEN=${line#*=} ;;
+    esac
+  done <<<"$values"
+  [[ -n $OUTPUT && -n $PER_DEVICE_BATCH && -n $GRAD_ACCUM ]] ||
+    jl_die "python -m qa.config printed no settings (got: ${values//$'\n'/; }): check $REPO_DIR/qa/config.py"
+}
+jl_config_has() { [[ " $JL_GIVEN " == *" $1 "* ]]; }  # given in the config or the arguments
+
+# Before any Python: GLOBAL_BATCH must be a positive multiple of the world size.
+jl_check_global_batch() {
+  [[ -z ${GLOBAL_BATCH:-} ]] && return 0
+  [[ $GLOBAL_BATCH =~ ^[1-9][0-9]*$ ]] || jl_die "GLOBAL_BATCH=$GLOBAL_BATCH is not a positive integer"
+  ((GLOBAL_BATCH % $1 == 0)) ||
+    jl_die "GLOBAL_BATCH=$GLOBAL_BATCH does not divide over $1 processes: pick a multiple of $1"
+}
+
+# jl_global_batch WORLD: the global batch (logged by jl_log_environment); with GLOBAL_BATCH=n keep
+# it at n by choosing the per-device batch (at most the configured one, the memory limit) and
+# gradient accumulation.
+jl_global_batch() {
+  local world=$1 per_rank ga b
+  jl_check_global_batch "$world"
+  if [[ -n ${GLOBAL_BATCH:-} ]]; then
+    per_rank=$((GLOBAL_BATCH / world))
+    for ((ga = 1; ga <= per_rank; ga++)); do  # fewest accumulation steps with batch <= configured
+      b=$((per_rank / ga))
+      if ((per_rank % ga == 0 && b <= PER_DEVICE_BATCH)); then break; fi
+    done
+    jl_note "GLOBAL_BATCH=$GLOBAL_BATCH over $world processes: per-device batch $b (configured $PER_DEVICE_BATCH) x gradient accumulation $ga"
+    PER_DEVICE_BATCH=$b GRAD_ACCUM=$ga
+    RUN_QA_ARGS+=(--per_device_train_batch_size "$b" --gradient_accumulation_steps "$ga")
+  fi
+  jl_note "global batch $((PER_DEVICE_BATCH * world * GRAD_ACCUM)) = per-device $PER_DEVICE_BATCH x world size $world x gradient accumulation $GRAD_ACCUM; learning rate $LEARNING_RATE (not scaled with the batch)"
+}
+
+jl_strategy() {
+  case $STRATEGY in
+    ddp)
+      jl_config_has ddp_find_unused_parameters ||  # BERT QA uses every parameter: skip DDP's search
+        RUN_QA_ARGS=(--ddp_find_unused_parameters false "${RUN_QA_ARGS[@]}") ;;
+    fsdp)
+      FSDP_CONFIG=${FSDP_CONFIG:-'{"version": 2, "reshard_after_forward": true, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap": ["BertLayer"], "state_dict_type": "FULL_STATE_DICT"}'}
+      RUN_QA_ARGS+=(--fsdp --fsdp_config "$FSDP_CONFIG")
+      command -v nvidia-smi >/dev/null 2>&1 ||  # accelerate 1.15: FSDP on GPUs only, MULTI_CPU otherwise
+        jl_note "warning: no GPU here: accelerate does not shard on CPUs, this runs as plain DDP" ;;
+  esac
+}
+
+jl_launch() {
+  # Rendezvous on the first node, by its address: node names need not resolve (NodeAddr does).
+  local first addr port
+  first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+  addr=$(scontrol show node "$first" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | head -n1 | cut -d= -f2)
+  addr=${addr:-$first}
+  port=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 10000))}  # below the ephemeral port range
+  jl_note "strategy $STRATEGY: $NNODES node(s) x $NPROC process(es) = world size $JL_WORLD; rendezvous $addr:$port ($first)"
+  jl_log_environment
+  # Every line a worker prints starts with its global rank ([rank3]: ...); torchrun's own copies
+  # of the per-rank logs go to node-local scratch.
+  export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=${TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE:-'[rank${rank}]: '}
+  jl_run srun --kill-on-bad-exit=1 --nodes="$NNODES" --ntasks-per-node=1 --ntasks="$NNODES" \
+    ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} \
+    torchrun --nnodes="$NNODES" --nproc_per_node="$NPROC" \
+    --rdzv_backend=c10d --rdzv_endpoint="$addr:$port" --rdzv_id="$SLURM_JOB_ID" \
+    --max_restarts=0 --shutdown_timeout="${SHUTDOWN_TIMEOUT:-120}" --tee=3 \
+    --log_dir="${TMPDIR:-/tmp}/torchrun-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" \
+    "$REPO_DIR/run_qa.py" "$CONFIG" "${RUN_QA_ARGS[@]}"
+}
+
+# Where and with what the job runs: goes to the job's .out file.
+jl_log_environment() {
+  jl_log "job ${SLURM_JOB_ID:-none} (${SLURM_JOB_NAME:-}), restart ${SLURM_RESTART_COUNT:-0}, on $(hostname) [nodes ${SLURM_JOB_NODELIST:-local}], submitted from ${SLURM_SUBMIT_DIR:-$PWD}"
+  jl_log "repository $REPO_DIR; config $CONFIG; output $OUTPUT; run dir $PWD"
+  jl_log "python $(command -v python) ($(python -c 'import sys; print(sys.version.split()[0])')); ENV_FILE $ENV_FILE"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi || jl_log "nvidia-smi failed"
+    nvidia-smi topo -m 2>/dev/null || true
+  else
+    jl_log "no nvidia-smi on this node (CPU run)"
+  fi
+  jl_log "environment:"
+  env | grep -E '^(SLURM_(JOB|NNODES|NTASKS|CPUS|GPUS|MEM|RESTART|SUBMIT|NODELIST|STEP_GPUS)|CUDA_|NCCL_|TORCH_|OMP_|HF_|TRANSFORMERS_|TOKENIZERS_|VIRTUAL_ENV=|CONFIG=|RUN_ARGS=|OUTPUT_DIR=|GLOBAL_BATCH=|STRATEGY=|NPROC_PER_NODE=|MASTER_)' |
+    grep -viE 'token|secret|passw|key=' | sort | sed 's/^/    /'
+  local line
+  for line in "${JL_NOTES[@]}"; do jl_log "$line"; done
+}
+
+# Appends one line per run of the job (a requeued job has several) to OUTPUT/job_time.jsonl.
+jl_record_time() {
+  local rc=$1 outcome=$2 t1 dir
+  t1=$(date +%s)
+  dir=${OUTPUT:-.}
+  mkdir -p "$dir" 2>/dev/null || dir=.
+  printf '{"job_id": "%s", "job_name": "%s", "script": "%s", "restart": %s, "nodes": "%s", "world_size": %s, "start_utc": "%s", "end_utc": "%s", "seconds": %s, "exit_code": %s, "outcome": "%s"}\n' \
+    "${SLURM_JOB_ID:-}" "${SLURM_JOB_NAME:-}" "$JL_NAME" "${SLURM_RESTART_COUNT:-0}" "${SLURM_JOB_NODELIST:-$(hostname)}" \
+    "${JL_WORLD:-1}" "$JL_START_UTC" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$((t1 - JL_T0))" "$rc" "$outcome" \
+    >>"$dir/job_time.jsonl"
+  jl_log "job wall clock $((t1 - JL_T0)) s, exit code $rc, $outcome (recorded in $dir/job_time.jsonl)"
+}
+
+# The batch shell runs a trap only between commands, so the work runs in the background and the
+# shell waits for it; a USR1 (SLURM's warning before the time limit) or TERM then reaches the trap
+# at once. SIGTERM goes to every process of the job's steps (torchrun and its workers on each
+# node), not to this batch shell; torchrun forwards it too and waits SHUTDOWN_TIMEOUT for them.
+jl_on_signal() {
+  [[ -n $JL_SIGNALED ]] && { jl_log "SIG$1 again: already stopping"; return; }
+  JL_SIGNALED=$1
+  jl_log "SIG$1 received: asking training to save a checkpoint and stop"
+  if [[ -n $JL_CHILD ]]; then
+    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || kill -TERM "$JL_CHILD" 2>/dev/null
+  fi
+}
+
+jl_run() {
+  local rc=0
+  if [[ -z $JL_SIGNALED ]]; then
+    jl_log "running: $*"
+    "$@" &
+    JL_CHILD=$!
+    while :; do  # `wait` returns early when a trapped signal arrives; the command runs on
+      wait "$JL_CHILD"
+      kill -0 "$JL_CHILD" 2>/dev/null || break
+    done
+    wait "$JL_CHILD"; rc=$?  # bash keeps the exit status of a reaped child
+  else
+    rc=143  # the warning came before training started
+  fi
+  if [[ $rc == 0 ]]; then
+    jl_record_time 0 completed
+    exit 0
+  fi
+  if [[ $JL_SIGNALED == USR1 && ${REQUEUE:-1} == 1 ]]; then
+    if ((${SLURM_RESTART_COUNT:-0} >= ${MAX_RESTARTS:-20})); then
+      jl_log "not requeueing: restarted ${SLURM_RESTART_COUNT:-0} times already (MAX_RESTARTS=${MAX_RESTARTS:-20})"
+    else
+      jl_record_time "$rc" requeued
+      jl_log "requeueing job $SLURM_JOB_ID: the next run resumes from the last complete checkpoint in $OUTPUT"
+      if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi  # SLURM ends this run and queues the job again
+      jl_log "scontrol requeue failed (job submitted with --no-requeue?): resubmit; it resumes from the last checkpoint"
+      exit "$rc"
+    fi
+  fi
+  jl_record_time "$rc" "$([[ -n $JL_SIGNALED ]] && echo interrupted || echo failed)"
+  exit "$rc"
+}

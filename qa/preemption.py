@@ -1,0 +1,97 @@
+"""Preemption and time limits: checkpoint on SIGTERM, with every rank stopping at the same step.
+
+SLURM sends SIGTERM at a job's time limit and on preemption (job_ft3.sh/job_ddp.sh forward it
+when `--signal=B:USR1@T` warns them). `CheckpointOnSignalCallback` turns it into a complete
+checkpoint and a clean stop; run_qa.py then exits with EXIT_INTERRUPTED and a rerun
+(`--resume auto`) continues from that checkpoint.
+"""
+import logging
+import os
+import signal
+import threading
+
+import torch
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+# run_qa.py's exit status when training stopped on SIGTERM after saving a checkpoint: the run is
+# unfinished and resumable (128 + SIGTERM, what a shell reports for a process ended by SIGTERM).
+EXIT_INTERRUPTED = 128 + signal.SIGTERM
+
+
+class CheckpointOnSignalCallback(TrainerCallback):
+    """On SIGTERM: finish the optimizer step under way, save a checkpoint, stop training.
+
+    SLURM sends SIGTERM at a job's time limit and on preemption, job_ft3.sh/job_ddp.sh send it
+    when `--signal=B:USR1@T` warns them, and torchrun forwards it to its workers. The ranks of a
+    distributed run get it at slightly different moments, possibly in different steps, and a rank
+    that saved and stopped alone would leave the others waiting in a collective. So at the end of
+    every optimizer step the ranks agree whether any of them got the signal (an all-reduce of one
+    number; the Trainer synchronises with the device at every step anyway) and all save the same
+    step's checkpoint (marked complete by QuestionAnsweringTrainer._save_checkpoint once every
+    rank has written its part) and stop together. run_qa.py then exits with EXIT_INTERRUPTED
+    without evaluating or writing results; `--resume auto` continues from that checkpoint with the
+    optimizer, scheduler, RNG states and data position restored.
+
+    Unlike transformers' `enable_jit_checkpoint` (each rank checkpoints on its own, 3 s after its
+    own SIGTERM, at whichever step it is in; then `train()` returns as if training had finished),
+    this is safe under DDP/FSDP and tells the caller that training did not finish.
+    The handler is installed from on_train_begin to on_train_end only; a SIGTERM during
+    evaluation ends the process as usual (the final checkpoint of the training is already saved).
+    """
+
+    signals = (signal.SIGTERM,)
+
+    def __init__(self):
+        self.received = None      # the signal this rank got, if any
+        self.stopped_at = None    # global step at which training stopped on a signal
+        self._previous = {}
+
+    def _handler(self, signum, frame):
+        self.received = signum    # a flag only: the training loop acts on it at the step's end
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.received = self.stopped_at = None
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("checkpoint on SIGTERM: not in the main thread, no signal handler installed")
+            return
+        if getattr(args, "enable_jit_checkpoint", False):
+            logger.warning("checkpoint on SIGTERM: replacing transformers' enable_jit_checkpoint handler "
+                           "(its ranks checkpoint independently, which can hang DDP/FSDP)")
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # One line per rank (warning: the level other ranks log at), so a job log shows who joined.
+            logger.warning("rank %d of %d (%s backend) on %s, pid %d: training from step %d; SIGTERM saves a "
+                           "checkpoint", torch.distributed.get_rank(), torch.distributed.get_world_size(),
+                           torch.distributed.get_backend(), os.uname().nodename, os.getpid(), state.global_step)
+
+    def _any_rank_received(self, args) -> bool:
+        flag = self.received is not None
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            t = torch.tensor([int(flag)], dtype=torch.int32, device=args.device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            flag = bool(t.item())
+        return flag
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stopped_at is not None or not self._any_rank_received(args):
+            return
+        if state.global_step >= state.max_steps:
+            return  # the last step: training ends now anyway and saves its final checkpoint
+        self.stopped_at = state.global_step
+        control.should_save = True
+        control.should_training_stop = True
+        logger.warning("signal received: saving checkpoint-%d and stopping (resume with --resume auto)",
+                       state.global_step)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.stopped_at is not None:  # that step is saved already; no epoch-end save or evaluation
+            control.should_save = control.should_evaluate = False
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}

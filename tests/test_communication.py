@@ -1,0 +1,172 @@
+"""qa.communication: the switches that shrink gradient communication really act on the wrapped
+model, and a distributed run (torchrun, 2 gloo processes on the CPU) records its measured
+communication with consistent figures and trains exactly as it would without the measurement.
+Speeds are not checked: this machine's say nothing."""
+import json
+import math
+import os
+import socket
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import REPO
+from tests.test_run_qa import TINY, _env, results, run_qa
+
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+
+
+# ---------------------------------------------------------------------------------------------
+# The compression hook on a real DDP model (2 gloo processes)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hook_worker(rank, port, hook, out):
+    import torch.distributed as dist
+
+    from qa.communication import apply_ddp_comm_hook
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 32), bucket_cap_mb=1)
+    registered = apply_ddp_comm_hook(model, hook)
+    torch.manual_seed(1 + rank)  # different data on each rank: the average is a real reduction
+    model(torch.randn(8, 64)).pow(2).sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    if rank == 0:
+        torch.save({"registered": registered, "grads": grads}, out)
+    dist.destroy_process_group()
+
+
+def _synced_gradients(tmp_path, hook):
+    out = tmp_path / f"{hook}.pt"
+    torch.multiprocessing.spawn(_hook_worker, args=(_free_port(), hook, str(out)), nprocs=2)
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("hook, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_compression_hook_sends_16_bit_gradients(tmp_path, hook, dtype):
+    """With the hook the averaged gradients are exactly 16-bit values (they travelled in 16
+    bits); without it they are not. They still agree with the exact average to 16-bit precision."""
+    plain = _synced_gradients(tmp_path, "none")
+    compressed = _synced_gradients(tmp_path, hook)
+    assert plain["registered"] is None and compressed["registered"] == f"{str(dtype)[6:]}_compress_hook"
+
+    def representable(g):
+        return bool(torch.equal(g.to(dtype).to(torch.float32), g))
+
+    assert representable(compressed["grads"]) and not representable(plain["grads"])
+    # Each rank's half and their sum are rounded to 16 bits: errors of a few units in the last
+    # place of the largest values (bf16 keeps 8 bits), wherever ranks cancel out too.
+    scale = plain["grads"].abs().max()
+    assert (compressed["grads"] - plain["grads"]).abs().max() <= 2 ** -6 * scale
+
+
+def test_fsdp_reduce_dtype_reaches_accelerates_plugin():
+    """What can be checked without a GPU: the dtype accelerate's FSDP plugin will shard with
+    (accelerate runs FSDP requests as DDP on a CPU, so the sharded model exists only on GPUs)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from qa.communication import apply_fsdp_reduce_dtype
+
+    plain = FullyShardedDataParallelPlugin(fsdp_version=2)
+    assert apply_fsdp_reduce_dtype(plain, "auto") == "the parameters' dtype" and plain.mixed_precision_policy is None
+    assert apply_fsdp_reduce_dtype(plain, "bf16") == "bfloat16"
+    assert plain.mixed_precision_policy == MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
+    mixed = FullyShardedDataParallelPlugin(fsdp_version=2)
+    mixed.set_mixed_precision("bf16")  # what accelerate does under --bf16: params and reduction in bf16
+    assert apply_fsdp_reduce_dtype(mixed, "fp32") == "float32"
+    assert mixed.mixed_precision_policy.param_dtype == torch.bfloat16  # the run's precision is kept
+    assert mixed.mixed_precision_policy.reduce_dtype == torch.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed runs through run_qa.py
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same 2-process run three times: measuring (the default), not measuring, and with the
+    switches (bf16 compression, 1 MiB buckets)."""
+    env = _env(tmp_path_factory)
+    args = [*TINY, "--do_train", "--save_strategy", "no", "--report_to", "none", "--num_train_epochs", "6",
+            "--logging_steps", "3", "--ddp_find_unused_parameters", "false"]
+    out = {}
+    for name, extra in (("measured", []), ("unmeasured", ["--measure_communication", "false"]),
+                        ("switches", ["--ddp_comm_hook", "bf16", "--ddp_bucket_cap_mb", "1"])):
+        folder = tmp_path_factory.mktemp(name)
+        proc = run_qa([*args, *extra, "--output_dir", str(folder)], env, launcher=TORCHRUN)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[name] = folder
+    return out
+
+
+def test_measurement_is_recorded_and_consistent(runs):
+    r = results(runs["measured"])
+    assert r["comm_world_size"] == 2 and r["comm_nodes"] == 1 and r["comm_backend"] == "gloo"
+    assert r["comm_wrapper"] == "DistributedDataParallel"
+    # A buffer as large as the gradients, in their dtype
+    assert r["comm_grad_dtype"] == r["train_grad_dtype"] == "float32"
+    assert r["comm_allreduce_bytes"] == r["comm_grad_bytes"] == r["train_grad_bytes"] > 0
+    assert r["comm_allreduce_dtype"] == "float32" and r["comm_allreduce_ranks"] == 2
+    n = r["comm_allreduce_ranks"]
+    assert 0 < r["comm_allreduce_s"] < 60
+    assert r["comm_allreduce_algbw_GBps"] == pytest.approx(r["comm_allreduce_bytes"] / r["comm_allreduce_s"] / 1e9,
+                                                           rel=1e-3)
+    assert r["comm_allreduce_busbw_GBps"] == pytest.approx(r["comm_allreduce_algbw_GBps"] * 2 * (n - 1) / n, rel=1e-6)
+    # One node: no within-node figure to add
+    assert "comm_intranode_s" not in r and "comm_intranode_note" not in r
+    # A real step with and without the synchronisation
+    assert r["comm_step_sync_s"] > 0 and r["comm_step_nosync_s"] > 0
+    assert r["comm_exposed_s"] == pytest.approx(max(r["comm_step_sync_s"] - r["comm_step_nosync_s"], 0), abs=2e-6)
+    assert 0 <= r["comm_exposed_share"] <= 1
+    assert r["comm_step_batch_shape"][0] == 32  # the run's per-device batch
+    assert r["comm_ddp_comm_hook"] == "none" and r["comm_ddp_bucket_cap_mb"] == 25  # DDP's default
+    env = json.loads((runs["measured"] / "environment.json").read_text())
+    assert env["communication"]["allreduce_busbw_GBps"] == pytest.approx(r["comm_allreduce_busbw_GBps"], rel=1e-5)
+    md = (runs["measured"] / "results.md").read_text()
+    assert "| all-reduce of the gradients, whole group |" in md and "| exposed communication per step |" in md
+
+
+def test_measurement_does_not_change_training(runs):
+    measured, unmeasured = results(runs["measured"]), results(runs["unmeasured"])
+    assert measured["train_loss"] == unmeasured["train_loss"]
+    assert "comm_allreduce_s" not in unmeasured and unmeasured["comm_world_size"] == 2
+    for a, b in zip(*(json.loads((runs[k] / "trainer_state.json").read_text())["log_history"]
+                      for k in ("measured", "unmeasured"))):
+        assert a.get("loss") == b.get("loss")
+
+
+def test_switches_are_in_effect_and_training_still_learns(runs):
+    plain, switched = results(runs["measured"]), results(runs["switches"])
+    # read back from the wrapped model: the hook registered, DDP's bucket size
+    assert switched["comm_ddp_comm_hook"] == "bfloat16_compress_hook" and switched["comm_ddp_bucket_cap_mb"] == 1
+    # the calibration measured what travels: half the bytes, in bf16
+    assert switched["comm_allreduce_dtype"] == "bfloat16"
+    assert switched["comm_allreduce_bytes"] == plain["comm_allreduce_bytes"] // 2
+    # 16-bit gradients change the result a little, not the learning
+    assert switched["train_loss"] != plain["train_loss"]
+    assert switched["train_loss"] == pytest.approx(plain["train_loss"], rel=0.05)
+    losses = [e["loss"] for e in json.loads((runs["switches"] / "trainer_state.json").read_text())["log_history"]
+              if "loss" in e]
+    assert losses[-1] < 0.75 * losses[0] and all(map(math.isfinite, losses)), losses
+
+
+def test_single_process_records_no_measurement(tmp_path, tmp_path_factory):
+    env = _env(tmp_path_factory)
+    proc = run_qa([*TINY, "--do_train", "--max_steps", "2", "--save_strategy", "no", "--report_to", "none",
+                   "--output_dir", str(tmp_path)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = results(tmp_path)
+    assert not [k for k in r if k.startswith("comm_")]
+    assert "communication" not in json.loads((tmp_path / "environment.json").read_text())
+    assert r["train_grad_bytes"] == 4 * r["train_trainable_params"] and r["train_grad_dtype"] == "float32"
+    assert r["train_setup"]["world_size"] == 1 and REPO.exists()
