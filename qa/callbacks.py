@@ -14,6 +14,8 @@ import time
 import torch
 from transformers import TrainerCallback
 
+from .communication import CommunicationCallback
+from .preemption import CheckpointOnSignalCallback
 from .telemetry import (compile_stats, describe_training, gib, gradient_size, matmul_precision, max_rss_gib,
                         model_flops, model_shape, peak_flops, perf_metrics)
 
@@ -314,13 +316,7 @@ class RunCallbacks:
             self.telemetry = TelemetryCallback(peak_tflops=run_args.peak_tflops,
                                                overhead_sources=[self.profiler] if self.profiler else [],
                                                timed_steps=run_args.timed_steps())
-        self.preemption = None
-        if run_args.checkpoint_on_sigterm:
-            from .preemption import CheckpointOnSignalCallback
-
-            self.preemption = CheckpointOnSignalCallback()
-        from .communication import CommunicationCallback
-
+        self.preemption = CheckpointOnSignalCallback() if run_args.checkpoint_on_sigterm else None
         self.communication = CommunicationCallback(run_args.measure_communication, run_args.ddp_comm_hook,
                                                    run_args.fsdp_reduce_dtype)
 

@@ -34,12 +34,11 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from .scaling_model import busbw_from_algbw
+from .scaling_model import GB, busbw_from_algbw
 from .telemetry import gradient_size
 
 logger = logging.getLogger(__name__)
 
-GB = 1e9  # bandwidths in GB/s, as NCCL-tests reports them
 COMM_HOOKS = ("none", "bf16", "fp16")
 REDUCE_DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16}
 WARMUPS, REPEATS, STEP_REPEATS = 2, 5, 3

@@ -29,10 +29,10 @@ figures, unrounded, atomically. The model: qa/scaling_model.py and docs/scaling.
 Exit status 0, or 2 with a one-line `error:` on bad input.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from qa.data import read_json
 from qa.errors import InputError, command
 from qa.io import atomic_write_json
 from qa.scaling_model import (BACKWARD_SHARE, BERT_BASE_EMBEDDING_PARAMS, BERT_BASE_QA_PARAMS, DDP_BUCKET_BYTES,
@@ -115,10 +115,7 @@ def build_parser():
 def _read_json(path: Path, what: str) -> dict:
     if not path.is_file():
         raise InputError(str(path), "missing", f"give the output_dir of a finished {what}")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise InputError(str(path), f"unreadable ({err})", "rerun, or restore the file") from None
+    data = read_json(path)  # the project's reader: malformed JSON is an InputError naming the line
     if not isinstance(data, dict):
         raise InputError(str(path), "is not a JSON object", "rerun, or restore the file")
     return data
