@@ -119,8 +119,8 @@ def _slug(text: str) -> str:
 
 def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
     settings, notes = variant_settings(name, on_gpu, args.cpu_compile)
-    batch = int(settings.get("per_device_train_batch_size", REFERENCE["per_device_train_batch_size"])) * int(
-        settings.get("gradient_accumulation_steps", 1))
+    # every variant sets its batch (REFERENCE, configs/fast.json): nothing falls back to a default
+    batch = int(settings["per_device_train_batch_size"]) * int(settings.get("gradient_accumulation_steps", 1))
     timed = max(1, math.ceil(args.timed_samples / batch))
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)

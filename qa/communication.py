@@ -142,24 +142,23 @@ def time_allreduce(nbytes: int, dtype: torch.dtype, device, group=None, warmups=
 
 
 def node_groups():
-    """(the ranks of every node, this rank's node index), from every rank's node (torchrun's
-    GROUP_RANK, else the host name), gathered over the world. Collective: every rank calls it."""
+    """The ranks of every node, from every rank's node (torchrun's GROUP_RANK, else the host
+    name), gathered over the world. Collective: every rank calls it."""
     node = os.environ.get("GROUP_RANK") or socket.gethostname()
     nodes = [None] * dist.get_world_size()
     dist.all_gather_object(nodes, node)
-    order = list(dict.fromkeys(nodes))
-    ranks = [[r for r, n in enumerate(nodes) if n == key] for key in order]
-    return ranks, order.index(node)
+    return [[r for r, n in enumerate(nodes) if n == key] for key in dict.fromkeys(nodes)]
 
 
 def calibrate(nbytes: int, dtype: torch.dtype, device) -> dict:
-    """The whole group, then (jobs over several nodes with several ranks on each) one node."""
-    out = {"world": time_allreduce(nbytes, dtype, device)}
-    ranks, mine = node_groups()
+    """allreduce_* over the whole group, then intranode_* over one node (jobs over several
+    nodes with several ranks on each), and the number of nodes."""
+    out = {f"allreduce_{k}": v for k, v in time_allreduce(nbytes, dtype, device).items()}
+    ranks = node_groups()
     out["nodes"] = len(ranks)
     if len(ranks) > 1 and min(len(r) for r in ranks) > 1:
         group, _ = dist.new_subgroups_by_enumeration(ranks)  # collective: one group per node
-        out["intranode"] = time_allreduce(nbytes, dtype, device, group=group)
+        out.update({f"intranode_{k}": v for k, v in time_allreduce(nbytes, dtype, device, group=group).items()})
     elif len(ranks) > 1:
         out["intranode_note"] = "one rank per node: no link within a node to measure"
     return out
@@ -258,6 +257,7 @@ class CommunicationCallback(TrainerCallback):
     def __init__(self, measure: str = "auto", ddp_comm_hook: str = "none", fsdp_reduce_dtype: str = "auto"):
         self.measure, self.ddp_comm_hook, self.fsdp_reduce_dtype = measure, ddp_comm_hook, fsdp_reduce_dtype
         self.trainer = None
+        self.fsdp_wire = None  # the FSDP reduction dtype set on accelerate's plugin, if any
         self.record = {}
 
     def bind(self, trainer) -> None:
@@ -265,6 +265,7 @@ class CommunicationCallback(TrainerCallback):
         plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
         if plugin is not None:  # the model is wrapped only in train(): the policy must be set now
             self.record["fsdp_reduce_dtype"] = apply_fsdp_reduce_dtype(plugin, self.fsdp_reduce_dtype)
+            self.fsdp_wire = getattr(plugin.mixed_precision_policy, "reduce_dtype", None)  # auto included
         elif self.fsdp_reduce_dtype != "auto":
             self.record["fsdp_reduce_dtype"] = "not in effect: the run does not shard with FSDP"
 
@@ -278,10 +279,8 @@ class CommunicationCallback(TrainerCallback):
         model = model if can_toggle_sync(model) else getattr(model, "_orig_mod", model)  # under torch.compile
         hook = apply_ddp_comm_hook(model, self.ddp_comm_hook)
         grads = gradient_size(trainer.model)
-        wire = COMPRESSED.get(self.ddp_comm_hook) if hook else None
-        if wire is None and "fsdp_reduce_dtype" in self.record:
-            wire = REDUCE_DTYPES[self.fsdp_reduce_dtype]
-        wire = wire or getattr(torch, grads["grad_dtype"])
+        wire = (COMPRESSED.get(self.ddp_comm_hook) if hook else None) or self.fsdp_wire or \
+            getattr(torch, grads["grad_dtype"])
         self.record.update({
             "world_size": dist.get_world_size(), "backend": dist.get_backend(),
             "wrapper": type(model).__name__, "grad_bytes": grads["grad_bytes"], "grad_dtype": grads["grad_dtype"],
@@ -292,14 +291,7 @@ class CommunicationCallback(TrainerCallback):
             return
         started = time.perf_counter()
         elements = grads["trainable_params"]
-        calibration = calibrate(elements * torch.tensor([], dtype=wire).element_size(), wire, args.device)
-        self.record["nodes"] = calibration.pop("nodes")
-        for scope, values in calibration.items():
-            if isinstance(values, dict):
-                self.record.update({f"{'allreduce' if scope == 'world' else scope}_{k}": v
-                                    for k, v in values.items()})
-            else:
-                self.record[scope] = values
+        self.record.update(calibrate(elements * torch.tensor([], dtype=wire).element_size(), wire, args.device))
         if can_toggle_sync(model):
             batch = training_batch(trainer)
             self.record.update(exposed_communication(model, batch, trainer.accelerator.autocast, args.device))

@@ -298,9 +298,13 @@ def busbw_for_speedup(baseline: Baseline, nodes, gpus_per_node, strategy, what: 
 # A 1-GPU run's records
 
 
-def number(results, key):
-    value = results.get(key)
+def as_number(value):
+    """A recorded value when it is a number (not a bool), else None."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def number(results, key):
+    return as_number(results.get(key))
 
 
 def baseline_from_records(results: dict, env: dict, run_dir, params=None, grad_dtype=None,

@@ -46,8 +46,8 @@ from pathlib import Path
 
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, atomic_write_text
-from qa.scaling_model import (FT3_INTER_BUSBW, FT3_INTRA_BUSBW, Settings, WhatIf, baseline_from_records, predict,
-                              ring_busbw)
+from qa.scaling_model import (FT3_INTER_BUSBW, FT3_INTRA_BUSBW, Settings, WhatIf, as_number, baseline_from_records,
+                              predict, ring_busbw)
 
 REPORT, PLOT, SUMMARY = "scaling_report.md", "scaling_speedup.png", "scaling_summary.json"
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -94,10 +94,6 @@ def _read_json(path: Path):
         return None, f"{path.name} unreadable ({err})"
 
 
-def _number(value):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def read_run(study: Path, entry: dict) -> dict:
     """The manifest entry plus what its folder holds, and `problem` when it does not count."""
     folder = study / entry["name"]
@@ -117,7 +113,7 @@ def read_run(study: Path, entry: dict) -> dict:
         run["problem"] = f"the job started ({logs[0].name}) but run_qa.py wrote nothing"
     elif results is None:
         run["problem"] = f"started (environment.json written) but {why}: training did not finish"
-    elif _number(results.get("train_runtime")) is None:
+    elif as_number(results.get("train_runtime")) is None:
         run["problem"] = "all_results.json has no train_runtime"
     else:
         run["results"] = results
@@ -259,10 +255,10 @@ def _spread(values):
 
 def global_batch(run):
     cfg = (run["env"] or {}).get("config") or {}
-    per_device = _number(cfg.get("per_device_train_batch_size"))
+    per_device = as_number(cfg.get("per_device_train_batch_size"))
     if per_device is None:
         return None
-    return int(per_device * run["gpus"] * (_number(cfg.get("gradient_accumulation_steps")) or 1))
+    return int(per_device * run["gpus"] * (as_number(cfg.get("gradient_accumulation_steps")) or 1))
 
 
 def group_rows(runs):
@@ -276,7 +272,7 @@ def group_rows(runs):
         res = [r["results"] for r in ok]
 
         def col(key):
-            return [v for v in (_number(x.get(key)) for x in res) if v is not None]
+            return [v for v in (as_number(x.get(key)) for x in res) if v is not None]
 
         rows.append({
             "strategy": strategy, "nodes": nodes, "gpus_per_node": per_node, "gpus": nodes * per_node,
@@ -440,9 +436,9 @@ def runs_section(runs, base_median):
         node_list = ((r["env"] or {}).get("slurm") or {}).get("SLURM_JOB_NODELIST", "—")
         speed = base_median / x["train_runtime"] if base_median else None
         lines.append(f"| {r['name']} | {r.get('job_id', '?')} | {node_list} | {_f(x['train_runtime'])} | "
-                     f"{_f(_number(x.get('WALL_CLOCK_SECONDS')))} | {_f(_number(x.get('train_samples_per_second')))} | "
-                     f"{_f(_number(x.get('train_real_tokens_per_second')), 0)} | {_f(speed, 2)} | "
-                     f"{_f(_number(x.get('eval_f1')), 2)} | {_f(_number(x.get('eval_exact_match')), 2)} |")
+                     f"{_f(as_number(x.get('WALL_CLOCK_SECONDS')))} | {_f(as_number(x.get('train_samples_per_second')))} | "
+                     f"{_f(as_number(x.get('train_real_tokens_per_second')), 0)} | {_f(speed, 2)} | "
+                     f"{_f(as_number(x.get('eval_f1')), 2)} | {_f(as_number(x.get('eval_exact_match')), 2)} |")
     return lines + ["", "\\* this run against the baseline's median.", ""]
 
 
@@ -454,7 +450,7 @@ MARGIN = 0.25  # a cell whose median step time departs from the model's by more 
 
 
 def _median_of(members, key):
-    values = [v for v in (_number((m["results"] or {}).get(key)) for m in members) if v is not None]
+    values = [v for v in (as_number((m["results"] or {}).get(key)) for m in members) if v is not None]
     return statistics.median(values) if values else None
 
 
@@ -467,7 +463,7 @@ def predictions(rows, runs, baseline):
         return [], ["No completed baseline: nothing to predict from."]
     by_name = {r["name"]: r for r in runs}
     timed = sorted((m for m in (by_name[n] for n in baseline["runs"])
-                    if _number(m["results"].get("train_step_time_mean_s"))),
+                    if as_number(m["results"].get("train_step_time_mean_s"))),
                    key=lambda m: m["results"]["train_step_time_mean_s"])
     if not timed:
         return [], ["The baseline runs recorded no step time (train_step_time_mean_s: telemetry off?): "
