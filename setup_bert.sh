@@ -24,6 +24,7 @@
 #   HF_CACHE_DIR  Hugging Face cache, exported as HF_HOME [${LUSTRE:-${STORE:-$HOME}}/hf_cache]
 #   MODEL         [google-bert/bert-base-uncased]
 #   DATASET       [rajpurkar/squad], e.g. rajpurkar/squad_v2;  DATASET_CONFIG [none]
+#   (relative paths are taken from the current folder; env.sh names them absolutely)
 #
 # Then, in an sbatch script:  source "$STORE/venvs/bert-squad.env.sh"
 set -euo pipefail
@@ -82,11 +83,24 @@ for arg in "$@"; do
   esac
 done
 
+# A path as seen from this folder, made absolute (env.sh is sourced by jobs that start in other
+# folders); its parent folder, when it exists, is written without ./ and ../
+absolute() {
+  local parent
+  if parent=$(CDPATH='' cd -- "$(dirname -- "$1")" 2>/dev/null && pwd); then
+    printf '%s/%s' "${parent%/}" "$(basename -- "$1")"
+  elif [[ $1 == /* ]]; then
+    printf '%s' "$1"
+  else
+    printf '%s/%s' "$PWD" "$1"
+  fi
+}
+
 MODULES=${MODULES-cesga/system python}
 VENV_DIR=${VENV_DIR:-${STORE:-$HOME}/venvs/bert-squad}
-VENV_DIR=${VENV_DIR%/}
-ENV_FILE=${ENV_FILE:-$VENV_DIR.env.sh}
-HF_CACHE_DIR=${HF_CACHE_DIR:-${LUSTRE:-${STORE:-$HOME}}/hf_cache}
+VENV_DIR=$(absolute "${VENV_DIR%/}")
+ENV_FILE=$(absolute "${ENV_FILE:-$VENV_DIR.env.sh}")
+HF_CACHE_DIR=$(absolute "${HF_CACHE_DIR:-${LUSTRE:-${STORE:-$HOME}}/hf_cache}")
 MODEL=${MODEL:-google-bert/bert-base-uncased}
 DATASET=${DATASET:-rajpurkar/squad}
 DATASET_CONFIG=${DATASET_CONFIG:-}

@@ -215,6 +215,26 @@ def test_second_run_installs_nothing_and_writes_env_sh(tmp_path, setup_env):
     assert proc.stdout.splitlines() == [sys.prefix, f"{tmp_path / 'hf'} 1 1"]
 
 
+def test_env_sh_names_absolute_paths_when_given_relative_ones(tmp_path, setup_env):
+    """VENV_DIR, ENV_FILE and HF_CACHE_DIR given relative to the folder setup_bert.sh runs in:
+    env.sh names them absolutely, so a job that sources it from another folder finds them."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    env = dict(setup_env, VENV_DIR=os.path.relpath(sys.prefix, work), ENV_FILE="jobs/env.sh", HF_CACHE_DIR="./hf")
+    proc = subprocess.run(["bash", str(SETUP), "--no-prefetch"], env=env, cwd=work, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    env_sh = work / "jobs" / "env.sh"
+    text = env_sh.read_text()
+    assert f"source {sys.prefix}/bin/activate" in text and f"export HF_HOME={work / 'hf'}" in text, text
+    probe = "source \"$1\" && python -c 'import os, sys; print(sys.prefix); print(os.environ[\"HF_HOME\"])'"
+    proc = subprocess.run(["bash", "-c", probe, "bash", str(env_sh)], env=setup_env, cwd=elsewhere,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [sys.prefix, str(work / "hf")]
+
+
 def test_prefetch_failure_stops_setup_with_the_fix(setup_env):
     proc = run(["bash", str(SETUP)], setup_env)
     assert proc.returncode != 0
