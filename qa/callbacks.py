@@ -235,7 +235,7 @@ class TelemetryCallback(TrainerCallback):
             "train_step_time_total_s": _sig(t["step_s"]),
             "train_data_time_total_s": _sig(t["data_s"]),
             "train_other_time_total_s": _sig(max(wall - t["step_s"] - t["data_s"], 0.0)),  # log, eval, save, profiler
-            "train_padding_fraction_batches": _sig(perf["padding_fraction"]),
+            "train_batches_padding_fraction": _sig(perf["padding_fraction"]),
             "train_real_tokens_batches": t["real_tokens"],
             "train_real_tokens_per_second_measured": _sig(perf["real_tokens_per_s"]),
             "train_samples_per_second_measured": _sig(perf["samples_per_s"]),

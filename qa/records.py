@@ -106,7 +106,7 @@ def results_markdown(results: dict, env: dict) -> str:
         ("training real tokens/s", fmt("train_real_tokens_per_second", "", 0)),
         ("mean optimizer step time", fmt("train_step_time_mean_s", " s", 4)),
         ("data-loading share (of step + data time)", fmt("train_data_loading_share", "", 3)),
-        ("padding in training batches", fmt("train_padding_fraction_batches", "", 3)),
+        ("padding in training batches", fmt("train_batches_padding_fraction", "", 3)),
         ("MFU (model FLOPs / device peak)", fmt("train_mfu", "", 3)),
         ("peak GPU memory (allocated)", fmt("train_peak_memory_gib", " GiB", 2)),
         ("peak host memory (process RSS)", fmt("train_peak_rss_gib", " GiB", 2)),

@@ -35,13 +35,16 @@ def token_stats(features) -> dict:
 
 def train_throughput(metrics: dict, stats: dict, num_examples: int) -> dict:
     """Adds what the Trainer leaves out: its samples/s counts features (windows), not
-    questions, and says nothing about how many of the tokens it processed were padding."""
+    questions, and says nothing about how many of the tokens it processed were padding.
+    `train_features_padding_fraction` is the padding stored in the features, before any batch
+    is made (0 with dynamic padding); the padding of the batches the model computed on is the
+    telemetry's `train_batches_padding_fraction` (qa.callbacks)."""
     per_s = metrics.get("train_samples_per_second", 0.0)
     return {
         "train_examples": num_examples,
         "train_features": stats["features"],
         "train_mean_real_tokens": round(stats["mean_real_tokens"], 2),
-        "train_padding_fraction": round(stats["padding_fraction"], 4),
+        "train_features_padding_fraction": round(stats["padding_fraction"], 4),
         "train_real_tokens_per_second": round(per_s * stats["mean_real_tokens"], 1),
     }
 

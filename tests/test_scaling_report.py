@@ -92,7 +92,7 @@ def write_run(out: Path, name, job, runtime, f1, world=None, train=True, finish=
             "train_runtime": runtime, "train_samples_per_second": SAMPLES / runtime,
             "train_steps_per_second": 7387 / runtime, "train_loss": 1.02, "epoch": 2.0,
             "train_examples": 87_599, "train_features": 88_641, "train_mean_real_tokens": 171.3,
-            "train_padding_fraction": 0.554, "train_real_tokens_per_second": SAMPLES / runtime * 171.3,
+            "train_features_padding_fraction": 0.554, "train_real_tokens_per_second": SAMPLES / runtime * 171.3,
             **(telemetry(runtime, nodes, per_node) if runtime else {})})
     if f1 is not None:
         records.save_split_metrics(out, "eval", {"eval_exact_match": f1 - 7.2, "eval_f1": f1, "eval_loss": 1.1,

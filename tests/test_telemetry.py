@@ -196,7 +196,7 @@ def test_callback_counts_the_batches_the_model_sees():
     cb.on_train_end(t.args, t.state, None)
     summary = cb.summary()
     assert summary["train_real_tokens_batches"] == 12
-    assert summary["train_padding_fraction_batches"] == 0.4  # 12 real tokens in 20 positions
+    assert summary["train_batches_padding_fraction"] == 0.4  # 12 real tokens in 20 positions
     # model FLOPs: 6 x 6 params x 12 tokens + 12 x 1 layer x 2 hidden x (3²+2²+4²+1²+2²)
     assert summary["train_model_flops"] == 6 * 6 * 12 + 12 * 1 * 2 * (9 + 4 + 16 + 1 + 4)
     assert summary["train_peak_tflops"] == 1.0 and summary["train_peak_memory_gib"] is None
@@ -308,9 +308,9 @@ def test_perf_scalars_in_tensorboard(plain):
 def test_perf_summary_in_results(plain):
     res = json.loads((plain / "all_results.json").read_text())
     assert res == {**json.loads((plain / "train_results.json").read_text()), **res}
-    assert 0 <= res["train_padding_fraction_batches"] < 1
+    assert 0 <= res["train_batches_padding_fraction"] < 1
     # features padded to max_seq_length: the batches' padding is the features' padding
-    assert res["train_padding_fraction_batches"] == pytest.approx(res["train_padding_fraction"], abs=1e-4)
+    assert res["train_batches_padding_fraction"] == pytest.approx(res["train_features_padding_fraction"], abs=1e-4)
     assert 0 <= res["train_data_loading_share"] <= 1
     assert res["train_step_time_mean_s"] > 0 and res["train_real_tokens_per_second_measured"] > 0
     # one epoch: every feature once (train_mean_real_tokens is rounded to 2 decimals)
