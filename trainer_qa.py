@@ -158,5 +158,6 @@ class QuestionAnsweringTrainer(Trainer):
         metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples,
                                      num_steps=math.ceil(output.num_samples / batch)))
         metrics[f"{prefix}_examples"] = len(examples)
+        metrics[f"{prefix}_predictions"] = len(predictions)  # answers written, one per question
         self._memory_tracker.stop_and_update_metrics(metrics)
         return predictions, metrics

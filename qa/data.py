@@ -121,6 +121,26 @@ def load_raw_datasets(data_args, splits: Sequence[str] = SPLITS, cache_dir: Opti
     return DatasetDict(out)
 
 
+def split_source(config: dict, split: str) -> str:
+    """Where load_raw_datasets takes `split` from, in words, from a run's resolved configuration
+    (the arguments as a dict): the file given for the split, else the synthetic data or the Hub
+    dataset, with the article slice when one was kept."""
+    path = config.get(f"{split}_file")
+    name = config.get("dataset_name")
+    if path:
+        source = str(path)
+    elif name == "synthetic":
+        count = config.get("synthetic_train_examples" if split == "train" else "synthetic_eval_examples")
+        source = f"synthetic ({count} generated questions)" if count else "synthetic"
+    elif name:
+        config_name = config.get("dataset_config_name")
+        source = f"{name}{f' ({config_name})' if config_name else ''}, split {split}"
+    else:
+        source = "none given"
+    articles = config.get(f"{split}_articles")
+    return f"{source}, articles {articles}" if articles else source
+
+
 @dataclass(frozen=True)
 class SquadFile:
     """A data file as read: its questions and what the file says about itself."""

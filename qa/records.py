@@ -11,6 +11,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .data import split_source
 from .io import atomic_write_json, atomic_write_text
 
 REPO_DIR = Path(__file__).resolve().parents[1]
@@ -86,44 +87,67 @@ def save_split_metrics(output_dir, split: str, metrics: dict) -> None:
 
 
 def results_markdown(results: dict, env: dict) -> str:
+    """The run in a short table: the figures of the steps it ran (training, evaluation,
+    prediction), each with the data it read; a figure the run did not produce has no row."""
     def fmt(key, unit="", digits=2):
         v = results.get(key)
-        return "n/a" if v is None else (f"{v:,.{digits}f}{unit}" if isinstance(v, (int, float)) else str(v))
+        if v is None:
+            return None
+        return f"{v:,.{digits}f}{unit}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
     gpus = env["devices"]["gpus"]
     device = f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"CPU ({env['devices']['cpu_count']} cores)"
     cfg = env["config"]
-    rows = [
-        ("model", cfg.get("model_name_or_path")),
-        ("data", cfg.get("train_file") or cfg.get("dataset_name")),
-        ("device", device),
-        ("world size", env["distributed"].get("WORLD_SIZE", "1")),
-        ("SLURM job", env["slurm"].get("SLURM_JOB_ID", "-")),
-        ("git commit", env["git_commit"]),
-        ("wall clock, whole run", fmt("WALL_CLOCK_SECONDS", " s", 1)),
-        ("training time", fmt("train_runtime", " s", 1)),
-        ("training samples/s (features)", fmt("train_samples_per_second")),
-        ("training real tokens/s", fmt("train_real_tokens_per_second", "", 0)),
-        ("mean optimizer step time", fmt("train_step_time_mean_s", " s", 4)),
-        ("data-loading share (of step + data time)", fmt("train_data_loading_share", "", 3)),
-        ("padding in training batches", fmt("train_batches_padding_fraction", "", 3)),
-        ("MFU (model FLOPs / device peak)", fmt("train_mfu", "", 3)),
-        ("peak GPU memory (allocated)", fmt("train_peak_memory_gib", " GiB", 2)),
-        ("peak host memory (process RSS)", fmt("train_peak_rss_gib", " GiB", 2)),
-        ("epochs", fmt("epoch")),
-        ("final training loss", fmt("train_loss", "", 4)),
-        ("eval exact match", fmt("eval_exact_match")),
-        ("eval F1", fmt("eval_f1")),
-        ("eval loss", fmt("eval_loss", "", 4)),
-    ]
+    rows = [("model", cfg.get("model_name_or_path")), ("device", device),
+            ("world size", env["distributed"].get("WORLD_SIZE", "1")),
+            ("SLURM job", env["slurm"].get("SLURM_JOB_ID")), ("git commit", env["git_commit"]),
+            ("wall clock, whole run", fmt("WALL_CLOCK_SECONDS", " s", 1))]
+    if cfg.get("do_train"):
+        rows += [
+            ("training data", split_source(cfg, "train")),
+            ("training questions (features)", _count_pair(results, "train_examples", "train_features")),
+            ("training time", fmt("train_runtime", " s", 1)),
+            ("training samples/s (features)", fmt("train_samples_per_second")),
+            ("training real tokens/s", fmt("train_real_tokens_per_second", "", 0)),
+            ("mean optimizer step time", fmt("train_step_time_mean_s", " s", 4)),
+            ("data-loading share (of step + data time)", fmt("train_data_loading_share", "", 3)),
+            ("padding in training batches", fmt("train_batches_padding_fraction", "", 3)),
+            ("MFU (model FLOPs / device peak)", fmt("train_mfu", "", 3)),
+            ("peak GPU memory (allocated)", fmt("train_peak_memory_gib", " GiB", 2)),
+            ("peak host memory (process RSS)", fmt("train_peak_rss_gib", " GiB", 2)),
+            ("epochs", fmt("epoch")),
+            ("final training loss", fmt("train_loss", "", 4)),
+        ]
+    if cfg.get("do_eval"):
+        rows += [
+            ("evaluation data", split_source(cfg, "validation")),
+            ("evaluation questions", fmt("eval_examples", "", 0)),
+            ("eval exact match", fmt("eval_exact_match")),
+            ("eval F1", fmt("eval_f1")),
+            ("eval loss", fmt("eval_loss", "", 4)),
+        ]
+    if cfg.get("do_predict"):
+        answered = results.get("predict_predictions")
+        rows += [
+            ("prediction data", split_source(cfg, "test")),
+            ("predictions", None if answered is None else
+             f"{answered:,} of {results.get('predict_examples', answered):,} questions, in predict_predictions.json"),
+            ("prediction exact match", fmt("predict_exact_match")),
+            ("prediction F1", fmt("predict_f1")),
+        ]
     if "comm_world_size" in results:
-        rows += communication_rows(results, fmt)
+        rows += communication_rows(results, lambda *a: fmt(*a) or "n/a")
     lines = ["# Run summary", "", f"Finished {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
              f"on {env['host']}.", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in rows]
+    lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
     lines += ["", "Every figure above is in `all_results.json`; the full configuration and versions are in "
               "`environment.json`.", ""]
     return "\n".join(lines)
+
+
+def _count_pair(results, first, second):
+    a, b = results.get(first), results.get(second)
+    return None if a is None or b is None else f"{a:,} ({b:,})"
 
 
 def communication_rows(results: dict, fmt) -> list:

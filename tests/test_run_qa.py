@@ -273,6 +273,13 @@ def test_predict_on_unlabelled_questions(kind, tmp_path, monkeypatch):
     assert metrics["predict_examples"] == len(ids) and metrics["predict_runtime"] >= 0
     assert not [k for k in metrics if k.endswith(("_f1", "_exact_match", "_exact", "_loss"))], metrics
     assert json.loads((out / "all_results.json").read_text())["WALL_CLOCK_SECONDS"] > 0
+    assert metrics["predict_predictions"] == len(ids)
+    # results.md: the file predicted on, how many answers; no rows for steps the run did not take
+    summary = (out / "results.md").read_text()
+    assert f"| prediction data | {test_file} |" in summary, summary
+    assert f"| predictions | {len(ids)} of {len(ids)} questions, in predict_predictions.json |" in summary
+    assert "n/a" not in summary and "rajpurkar/squad" not in summary, summary
+    assert not [line for line in summary.splitlines() if line.startswith(("| train", "| eval", "| SLURM"))]
 
 
 def test_torchrun_without_gpu_trains_as_one_gloo_group(tmp_path, tmp_path_factory):
