@@ -307,10 +307,76 @@ def number(results, key):
     return as_number(results.get(key))
 
 
-def baseline_from_records(results: dict, env: dict, run_dir, params=None, grad_dtype=None,
-                          tail_params=BERT_BASE_EMBEDDING_PARAMS):
+def embedding_params(config: dict):
+    """Parameters of a BERT-style embedding block from the model's config.json: the word,
+    position and token-type tables (vocab_size, max_position_embeddings, type_vocab_size rows of
+    embedding_size, or hidden_size when the model has no separate embedding size) and their
+    LayerNorm (a weight and a bias). None when the config lacks the sizes."""
+    width = config.get("embedding_size") or config.get("hidden_size")
+    rows = [config.get(k) for k in ("vocab_size", "max_position_embeddings")]
+    if not isinstance(width, int) or not all(isinstance(r, int) for r in rows):
+        return None
+    types = config.get("type_vocab_size") or 0
+    return (rows[0] + rows[1] + types) * width + 2 * width
+
+
+def model_config_of_run(run_dir, env: dict):
+    """(the config.json of the model a run trained, as a dict, where it was read) or (None, None):
+    the copy the run saved with its model, else the folder it started from (a local path or the
+    bundled MiniLM)."""
+    import json
+
+    candidates = [Path(run_dir) / "config.json"]
+    start = str((env.get("config") or {}).get("model_name_or_path") or "")
+    if start == "bundled:minilm":
+        from .model import bundled_minilm_dir
+
+        try:
+            candidates.append(bundled_minilm_dir() / "config.json")
+        except InputError:
+            pass
+    elif start and not start.startswith("bundled:"):
+        candidates.append(Path(start).expanduser() / "config.json")
+    for path in candidates:
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(config, dict):
+            return config, str(path)
+    return None, None
+
+
+def tail_from_run(run_dir, env: dict):
+    """(embedding parameters of the run's model, a line saying where the figure comes from)."""
+    config, where = model_config_of_run(run_dir, env)
+    count = embedding_params(config) if config else None
+    if count is None:
+        return BERT_BASE_EMBEDDING_PARAMS, (
+            f"embedding gradients {BERT_BASE_EMBEDDING_PARAMS:,} parameters: the model's config.json was not found "
+            "(neither in the run folder nor at model_name_or_path), bert-base-uncased's embedding block assumed "
+            "(--tail_params to change)")
+    width = config.get("embedding_size") or config.get("hidden_size")
+    return count, (f"embedding gradients {count:,} parameters ({where}: ({config['vocab_size']:,} words + "
+                   f"{config['max_position_embeddings']} positions + {config.get('type_vocab_size') or 0} token types)"
+                   f" x {width} + LayerNorm), all-reduced only once backward ends")
+
+
+def run_device(env: dict):
+    """(True when the run trained on a CPU, a description of its device) from environment.json."""
+    devices = env.get("devices") or {}
+    gpus = devices.get("gpus") or []
+    on_cpu = bool((env.get("config") or {}).get("use_cpu")) or not gpus
+    if on_cpu:
+        cores = devices.get("cpu_count")
+        return True, f"CPU{f' ({cores} cores)' if cores else ''}"
+    return False, str(gpus[0].get("name"))
+
+
+def baseline_from_records(results: dict, env: dict, run_dir, params=None, grad_dtype=None, tail_params=None):
     """(Baseline, input lines) from what a 1-GPU run recorded: its all_results.json (`results`)
-    and environment.json (`env`), read from the folder `run_dir`."""
+    and environment.json (`env`), read from the folder `run_dir`. `tail_params` None: the
+    embedding block of the run's model, from its config.json (tail_from_run)."""
     run_dir = Path(run_dir)
     where = str(run_dir / "all_results.json")
     try:
@@ -334,10 +400,7 @@ def baseline_from_records(results: dict, env: dict, run_dir, params=None, grad_d
     if not isinstance(accum, int) or accum < 1:
         raise InputError(str(run_dir / "environment.json"), f"gradient_accumulation_steps is {accum!r}",
                          "use a run written by run_qa.py, or give --step_time and --batch")
-    lines = [f"run: {run_dir}"]
-    gpus = (env.get("devices") or {}).get("gpus") or []
-    if gpus:
-        lines.append(f"device: {gpus[0].get('name')}")
+    lines = [f"run: {run_dir}", f"device: {run_device(env)[1]}"]
     lines.append(f"step time {step * 1e3:.2f} ms per optimizer step (train_step_time_mean_s)"
                  + (f", over {accum} micro-batches (gradient_accumulation_steps)" if accum != 1 else ""))
 
@@ -368,6 +431,11 @@ def baseline_from_records(results: dict, env: dict, run_dir, params=None, grad_d
     dtype_source = "train_grad_dtype" if results.get("train_grad_dtype") else (
         "--grad_dtype" if grad_dtype else "not recorded: float32 (--grad_dtype to change)")
     lines.append(f"gradients {int(n_params):,} parameters ({source}) x {dbytes} bytes ({dtype_name}, {dtype_source})")
+    if tail_params is None:
+        tail_params, line = tail_from_run(run_dir, env)
+    else:
+        line = f"embedding gradients {tail_params:,} parameters (--tail_params)"
+    lines.append(line)
     measured = number(results, "train_samples_per_second")
     base = Baseline(compute_s=step / accum, data_s=data / accum, batch=batch, params=int(n_params),
                     grad_dtype_bytes=dbytes, tail_params=tail_params)

@@ -201,13 +201,18 @@ def test_parse_shape_and_what_if():
 # The command
 
 
-def write_run(out, *, world=1, batch=16, step_mean=0.05, step_total=50.0, data_total=5.0, extra=None):
+A100 = {"cuda_available": True, "torch_cuda": "12.8", "cudnn": 90100, "gpu_count": 1,
+        "gpus": [{"name": "NVIDIA A100-PCIE-40GB", "memory_gib": 39.4}], "cpu_count": 32, "processor": "x86_64"}
+
+
+def write_run(out, *, world=1, batch=16, step_mean=0.05, step_total=50.0, data_total=5.0, extra=None,
+              model="google-bert/bert-base-uncased", devices=None):
     """A run folder as run_qa.py leaves it: environment.json by qa.records.environment_record
-    (devices and versions stubbed so no GPU is needed), all_results.json by save_split_metrics
-    with the telemetry callback's key names."""
+    (devices and versions stubbed so no GPU is needed: an A100 unless `devices` says otherwise),
+    all_results.json by save_split_metrics with the telemetry callback's key names."""
     from qa import records
 
-    config = {"model_name_or_path": "google-bert/bert-base-uncased", "dataset_name": "rajpurkar/squad",
+    config = {"model_name_or_path": model, "dataset_name": "rajpurkar/squad",
               "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1, "bf16": False,
               "fsdp": [], "output_dir": str(out)}
     with pytest.MonkeyPatch.context() as mp:
@@ -217,10 +222,7 @@ def write_run(out, *, world=1, batch=16, step_mean=0.05, step_total=50.0, data_t
             mp.setenv("WORLD_SIZE", str(world))
         mp.setattr(records, "_git_commit", lambda: "0123abcd")
         mp.setattr(records, "_versions", lambda: {"python": "3.11.7", "torch": "2.7.1"})
-        mp.setattr(records, "_devices", lambda: {"cuda_available": True, "torch_cuda": "12.8", "cudnn": 90100,
-                                                 "gpu_count": 1, "gpus": [{"name": "NVIDIA A100-PCIE-40GB",
-                                                                           "memory_gib": 39.4}],
-                                                 "cpu_count": 32, "processor": "x86_64"})
+        mp.setattr(records, "_devices", lambda: devices or A100)
         env = records.environment_record(config)
     out.mkdir(parents=True, exist_ok=True)
     records.write_environment(out, env)
@@ -340,3 +342,80 @@ def test_cli_bad_input_is_one_error_line(tmp_path, case):
         assert "train_step_time_mean_s" in lines[0]
     if case == "multi_gpu_run":
         assert "WORLD_SIZE" in lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's own model and device
+
+
+def _embedding_block_params(config):
+    """The embedding block's parameters as transformers builds the model (shapes only)."""
+    import torch
+    from transformers import BertModel
+
+    with torch.device("meta"):
+        model = BertModel(config)
+    return sum(p.numel() for p in model.embeddings.parameters())
+
+
+def test_embedding_params_from_the_model_config():
+    from transformers import BertConfig
+
+    from qa.model import bundled_minilm_dir
+    from qa.scaling_model import embedding_params
+
+    minilm = json.loads((bundled_minilm_dir() / "config.json").read_text())
+    assert embedding_params(minilm) == _embedding_block_params(BertConfig(**minilm)) == 11_918_592
+    assert embedding_params(BertConfig().to_dict()) == BERT_BASE_EMBEDDING_PARAMS
+    assert embedding_params({"hidden_size": 8}) is None
+
+
+@pytest.mark.parametrize("where", ["run folder", "bundled model"])
+def test_cli_reads_the_embedding_size_of_the_runs_model(tmp_path, where):
+    """MiniLM (22.6 M parameters, 11.9 M of them in the embedding block): the tail all-reduced
+    after backward is its embedding block, from the config.json the run saved or, without one,
+    from the model it started from; not bert-base's 23.8 M, which is more than its whole model."""
+    from qa.model import bundled_minilm_dir
+
+    config = bundled_minilm_dir() / "config.json"
+    if where == "run folder":
+        run = write_run(tmp_path / "run", model="some/hub-id", extra={"train_trainable_params": 22_566_146})
+        (run / "config.json").write_text(config.read_text())
+    else:
+        run = write_run(tmp_path / "run", model="bundled:minilm", extra={"train_trainable_params": 22_566_146})
+    res = predict_cli(run, "--shapes", "2x1", "--strategies", "ddp", "--what_if", "none", "--json", tmp_path / "p.json")
+    assert res.returncode == 0, res.stderr
+    pred = json.loads((tmp_path / "p.json").read_text())
+    assert pred["baseline"]["tail_params"] == 11_918_592 and pred["baseline"]["params"] == 22_566_146
+    line = next(x for x in pred["inputs"] if x.startswith("embedding gradients"))
+    assert "11,918,592" in line and "30,522 words" in line and "x 384" in line, line
+    # no config to read: bert-base's block, said to be assumed
+    bare = write_run(tmp_path / "bare", extra={"train_trainable_params": 22_566_146})
+    res = predict_cli(bare, "--shapes", "2x1", "--strategies", "ddp", "--what_if", "none")
+    assert res.returncode == 0, res.stderr
+    assert "embedding gradients 23,837,184 parameters: the model's config.json was not found" in res.stdout
+
+
+CPU = {"cuda_available": False, "torch_cuda": None, "cudnn": None, "gpu_count": 0, "gpus": [], "cpu_count": 2,
+       "processor": "x86_64"}
+
+
+def test_cli_refuses_a_cpu_baseline_unless_asked(tmp_path):
+    run = write_run(tmp_path / "cpu", devices=CPU)
+    res = predict_cli(run, "--shapes", "2x2", "--strategies", "ddp", "--what_if", "none")
+    assert res.returncode == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {run / 'environment.json'}: the run trained on a CPU")
+    assert "--cpu_baseline" in lines[0]
+
+    res = predict_cli(run, "--shapes", "2x2", "--strategies", "ddp", "--what_if", "none", "--cpu_baseline",
+                      "--json", tmp_path / "p.json")
+    assert res.returncode == 0, res.stderr
+    before_table = res.stdout.split("| shape |")[0]
+    assert "NOTE: the baseline ran on a CPU (2 cores), not a GPU" in before_table
+    assert "1 CPU process:" in res.stdout and "1 GPU:" not in res.stdout
+    pred = json.loads((tmp_path / "p.json").read_text())
+    assert pred["baseline"]["on_cpu"] is True and pred["notes"][0].startswith("NOTE: the baseline ran on a CPU")
+    # a GPU run has no note
+    gpu = predict_cli(write_run(tmp_path / "gpu"), "--shapes", "2x2", "--strategies", "ddp", "--what_if", "none")
+    assert gpu.returncode == 0 and "NOTE" not in gpu.stdout and "device: NVIDIA A100-PCIE-40GB" in gpu.stdout

@@ -11,9 +11,13 @@
 RUN_DIR is the output_dir of a finished 1-GPU training run: all_results.json gives the mean step
 time (train_step_time_mean_s), the data-loading time (train_data_time_total_s over the steps)
 and, when recorded, the gradient size (train_trainable_params, train_grad_dtype,
-train_grad_bytes); environment.json gives the per-device batch and gradient accumulation. A
-run that lacks the gradient size uses --params (default: bert-base-uncased's QA model) and
---grad_dtype (default float32).
+train_grad_bytes); environment.json gives the per-device batch and gradient accumulation; the
+config.json of the run's model (saved in RUN_DIR, else at its model_name_or_path) gives the size
+of the embedding block, whose gradients are all-reduced only once backward ends. A run that
+lacks the gradient size uses --params (default: bert-base-uncased's QA model) and --grad_dtype
+(default float32). A run that trained on a CPU is refused unless --cpu_baseline is given (a CPU
+step hides any communication: every shape would look ~100% efficient); with it, a note above
+the table says so.
 
 Bandwidths (bus bandwidth in the NCCL-tests sense, GB/s): --intra_busbw / --inter_busbw win;
 else those measured by a distributed run (--calibration: comm_allreduce_busbw_GBps,
@@ -38,7 +42,7 @@ from qa.io import atomic_write_json
 from qa.scaling_model import (BACKWARD_SHARE, BERT_BASE_EMBEDDING_PARAMS, BERT_BASE_QA_PARAMS, DDP_BUCKET_BYTES,
                               FSDP_UNITS, FT3_INTER_BUSBW, FT3_INTRA_BUSBW, FT3_LATENCY_US, FT3_SOURCES, GB,
                               STRATEGIES, Baseline, Settings, baseline_from_records, busbw_for_speedup, dtype_bytes,
-                              number, parse_shape, parse_what_if, predict, ring_busbw)
+                              number, parse_shape, parse_what_if, predict, ring_busbw, run_device)
 
 DEFAULT_SHAPES = "1x2 2x1 2x2 4x2 8x2"
 DEFAULT_WHAT_IFS = ("none", "bf16", "accum=4", "batch=2")
@@ -99,9 +103,13 @@ def build_parser():
     p.add_argument("--bucket_mb", type=_positive(float), default=DDP_BUCKET_BYTES / 2 ** 20,
                    help="DDP bucket size, MiB [25]")
     p.add_argument("--fsdp_units", type=_positive(int), default=FSDP_UNITS, help="FSDP units [13]")
-    p.add_argument("--tail_params", type=_positive(int), default=BERT_BASE_EMBEDDING_PARAMS,
-                   help="parameters whose gradients are ready only when backward ends "
-                        f"[{BERT_BASE_EMBEDDING_PARAMS:,}: bert-base's embeddings]")
+    p.add_argument("--tail_params", type=_positive(int), default=None,
+                   help="parameters whose gradients are ready only when backward ends [the embedding block of "
+                        "RUN_DIR's model, from its config.json; without RUN_DIR "
+                        f"{BERT_BASE_EMBEDDING_PARAMS:,}: bert-base's]")
+    p.add_argument("--cpu_baseline", action="store_true",
+                   help="accept a RUN_DIR that trained on a CPU: the predictions are then for CPU processes "
+                        "(gloo), not for GPUs")
     p.add_argument("--target_speedup", type=_positive(float),
                    help="add a column: the busbw each row needs to reach this speedup")
     p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
@@ -121,14 +129,34 @@ def _read_json(path: Path, what: str) -> dict:
     return data
 
 
-def baseline_from_run(run_dir: Path, params=None, grad_dtype=None, tail_params=BERT_BASE_EMBEDDING_PARAMS):
-    """(Baseline, input lines) from a 1-GPU run's all_results.json and environment.json."""
+def baseline_from_run(run_dir: Path, params=None, grad_dtype=None, tail_params=None, cpu_baseline=False):
+    """(Baseline, input lines, notes) from a 1-GPU run's all_results.json and environment.json.
+
+    A run that trained on a CPU is refused unless `cpu_baseline`: a CPU step is tens of times a
+    GPU's, so the communication would hide behind it and every shape would come out near 100%
+    efficient, figures that say nothing about the GPUs the tool is used to budget for. Accepted,
+    the notes say so above the table."""
     if not run_dir.is_dir():
         raise InputError(str(run_dir), "no such folder",
                          "give the output_dir of a finished 1-GPU run, or --step_time/--samples_per_s and --batch")
     results = _read_json(run_dir / "all_results.json", "1-GPU run")
     env = _read_json(run_dir / "environment.json", "1-GPU run")
-    return baseline_from_records(results, env, run_dir, params, grad_dtype, tail_params)
+    on_cpu, device = run_device(env)
+    notes = []
+    if on_cpu and not cpu_baseline:
+        raise InputError(str(run_dir / "environment.json"),
+                         f"the run trained on a {device}, not a GPU: its step time would make the communication look "
+                         "free and every shape near 100% efficient",
+                         "predict from a run on one GPU (sbatch job_ft3.sh), give a GPU's figures with "
+                         "--samples_per_s or --step_time and --batch, or pass --cpu_baseline to predict for CPU "
+                         "processes")
+    if on_cpu:
+        notes.append(f"NOTE: the baseline ran on a {device}, not a GPU (--cpu_baseline). The rows predict CPU "
+                     "processes exchanging gradients at the bandwidths below (gloo between CPU processes is far "
+                     "slower than the GPU defaults: measure it with --calibration); a GPU computes a step tens of "
+                     "times faster, so on GPUs communication weighs far more and the speedups are lower than here.")
+    base, lines = baseline_from_records(results, env, run_dir, params, grad_dtype, tail_params)
+    return base, lines, notes
 
 
 def baseline_from_flags(args):
@@ -149,12 +177,15 @@ def baseline_from_flags(args):
         raise InputError("--grad_dtype", f"unknown dtype {args.grad_dtype!r}",
                          "use float32, bfloat16 or float16") from None
     n_params = args.params or BERT_BASE_QA_PARAMS
+    tail = args.tail_params or BERT_BASE_EMBEDDING_PARAMS
     lines = [f"1 GPU: {how}: {compute * 1e3:.2f} ms of compute + {args.data_time * 1e3:.2f} ms of data loading "
              f"per step (given)",
              f"gradients {n_params:,} parameters ({'--params' if args.params else 'bert-base-uncased QA model'}) "
-             f"x {dbytes} bytes ({args.grad_dtype or 'float32'})"]
+             f"x {dbytes} bytes ({args.grad_dtype or 'float32'})",
+             f"embedding gradients {tail:,} parameters "
+             f"({'--tail_params' if args.tail_params else 'bert-base-uncased embedding block'})"]
     return Baseline(compute_s=compute, data_s=args.data_time, batch=args.batch, params=n_params,
-                    grad_dtype_bytes=dbytes, tail_params=args.tail_params), lines
+                    grad_dtype_bytes=dbytes, tail_params=tail), lines
 
 
 def bandwidths_from_calibration(run_dir: Path):
@@ -210,7 +241,7 @@ def _what_ifs(texts):
     return out
 
 
-def markdown(base, rows, target, inputs, assumptions):
+def markdown(base, rows, target, inputs, assumptions, notes=(), unit="1 GPU"):
     def ms(x):
         return f"{x * 1e3:,.1f}"
 
@@ -231,10 +262,10 @@ def markdown(base, rows, target, inputs, assumptions):
             need = r.get("busbw_for_target_GBps")
             cells.append("-" if r["gpus"] < 2 else ("unreachable" if need is None else f"{need:,.1f}"))
         lines.append("| " + " | ".join(cells) + " |")
-    out = ["## Predicted scaling", "", *lines, "",
-           f"1 GPU: {ms(base.compute_s)} ms compute + {ms(base.data_s)} ms data per step at batch {base.batch} "
+    out = ["## Predicted scaling", "", *[f"**{note}**\n" for note in notes], *lines, "",
+           f"{unit}: {ms(base.compute_s)} ms compute + {ms(base.data_s)} ms data per step at batch {base.batch} "
            f"= {base.samples_per_s:,.1f} samples/s; gradients {base.params:,} x {base.grad_dtype_bytes} bytes "
-           f"= {base.grad_bytes / GB * 1e3:,.1f} MB. Speedup = samples/s over the 1-GPU figure; "
+           f"= {base.grad_bytes / GB * 1e3:,.1f} MB. Speedup = samples/s over the {unit} figure; "
            "efficiency = speedup / GPUs.", "",
            "Model: ring collectives, time = latency x steps + bytes on the slowest link / busbw. DDP all-reduces "
            "the gradients in buckets during backward: exposed = max(all-reduce - overlap x backward, all-reduce of "
@@ -253,10 +284,12 @@ def main(argv=None):
                                      or args.batch is not None):
         raise InputError("command line", "RUN_DIR and --step_time/--samples_per_s/--batch both given",
                          "give a 1-GPU run folder, or the figures by hand, not both")
+    notes = []
     if args.run_dir is None:
         base, inputs = baseline_from_flags(args)
     else:
-        base, inputs = baseline_from_run(args.run_dir, args.params, args.grad_dtype, args.tail_params)
+        base, inputs, notes = baseline_from_run(args.run_dir, args.params, args.grad_dtype, args.tail_params,
+                                                args.cpu_baseline)
     shapes, what_ifs = _shapes(args.shapes), _what_ifs(args.what_if)
 
     assumptions = []
@@ -315,19 +348,20 @@ def main(argv=None):
                     row["busbw_for_target_GBps"] = busbw_for_speedup(base, nodes, per, strategy, what, settings,
                                                                      args.target_speedup)
                 rows.append(row)
-    print(markdown(base, rows, args.target_speedup, inputs, assumptions))
+    print(markdown(base, rows, args.target_speedup, inputs, assumptions, notes,
+                   unit="1 CPU process" if notes else "1 GPU"))
     if args.json is not None:
         atomic_write_json(args.json, {
             "baseline": {"compute_s": base.compute_s, "data_s": base.data_s, "batch": base.batch,
                          "params": base.params, "grad_dtype_bytes": base.grad_dtype_bytes,
                          "grad_bytes": base.grad_bytes, "tail_params": base.tail_params,
-                         "samples_per_s": base.samples_per_s},
+                         "samples_per_s": base.samples_per_s, "on_cpu": bool(notes)},
             "bandwidths_GBps": {"intra": intra, "inter": inter},
             "settings": {"latency_s": settings.latency_s, "overlap": settings.overlap,
                          "backward_share": settings.backward_share, "bucket_bytes": settings.bucket_bytes,
                          "fsdp_units": settings.fsdp_units},
             "target_speedup": args.target_speedup,
-            "inputs": inputs, "assumptions": assumptions, "rows": rows})
+            "notes": notes, "inputs": inputs, "assumptions": assumptions, "rows": rows})
     return 0
 
 
