@@ -15,6 +15,7 @@ import torch
 from transformers import TrainerCallback
 
 from .communication import CommunicationCallback
+from .console import log_lines_callback, replace_log_printer
 from .preemption import CheckpointOnSignalCallback
 from .telemetry import (compile_stats, describe_training, gib, gradient_size, matmul_precision, max_rss_gib,
                         model_flops, model_shape, peak_flops, perf_metrics)
@@ -295,8 +296,9 @@ class TelemetryCallback(TrainerCallback):
 class RunCallbacks:
     """Every callback a run adds to the Trainer, built from its arguments in one place.
 
-    `install(trainer)` adds them through the Trainer's public add_callback, after the Trainer's
-    own (its flow control, progress and reporting callbacks): the telemetry goes first among
+    `install(trainer)` puts the console's log printer (qa.console) in place of the Trainer's
+    and adds the others through the Trainer's public add_callback, after the Trainer's own (its
+    flow control and reporting callbacks): the telemetry goes first among
     them, so the profiler's time in on_step_end falls between two telemetry marks and is set
     aside (the profiler reports it as `overhead_s`). Nothing here needs to run before the
     reporting callbacks: the throughput figures join the log entries in the Trainer's `log`
@@ -304,6 +306,7 @@ class RunCallbacks:
     """
 
     def __init__(self, run_args, training_args):
+        self.console = None  # the log printer, chosen in install() from the Trainer's arguments
         self.profiler = None
         if run_args.profile:
             from .profiling import ProfilerCallback
@@ -326,6 +329,9 @@ class RunCallbacks:
 
     def install(self, trainer) -> None:
         self.communication.bind(trainer)
+        self.console = log_lines_callback(trainer.args)
+        if not replace_log_printer(trainer, self.console):
+            self.console = None
         for callback in self.callbacks:
             trainer.add_callback(callback)
 

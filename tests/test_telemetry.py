@@ -259,11 +259,12 @@ def test_run_callbacks_follow_the_arguments():
 
 
 def test_callbacks_are_installed_through_the_public_api():
-    """After the Trainer's own callbacks (flow, progress, reporting), in the order built; no
-    reordering of the Trainer's list and no frame walking is needed."""
+    """After the Trainer's own callbacks (flow, reporting), in the order built, the console's log
+    printer in place of the Trainer's (qa.console); no reordering of the Trainer's list and no
+    frame walking is needed."""
     import inspect
 
-    from transformers import Trainer, TrainingArguments
+    from transformers import PrinterCallback, ProgressCallback, Trainer, TrainingArguments
     from transformers.integrations import TensorBoardCallback
 
     import qa.callbacks
@@ -278,7 +279,11 @@ def test_callbacks_are_installed_through_the_public_api():
     assert any(isinstance(c, TensorBoardCallback) for c in before)
     callbacks = RunCallbacks(RunArguments(profile=True), args)
     callbacks.install(trainer)
-    assert trainer.callback_handler.callbacks == before + callbacks.callbacks
+    printer = [c for c in before if isinstance(c, (ProgressCallback, PrinterCallback))]
+    assert len(printer) == 1
+    kept = [c for c in before if c is not printer[0]]
+    assert trainer.callback_handler.callbacks == kept + [callbacks.console] + callbacks.callbacks
+    assert type(callbacks.console).__module__ == "qa.console"
 
 
 # ---------------------------------------------------------------------------------------------
