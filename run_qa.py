@@ -61,9 +61,9 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
 def run(argv):
     check_transformers_version()
     model_args, data_args, run_args, training_args, explicit = parse_args(argv)
-    finalize(training_args, explicit)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         level=logging.INFO if training_args.should_log else logging.WARNING)
+    finalize(training_args, explicit)
 
     # Everything that can reject the user's input runs before anything is written.
     check_window(data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
