@@ -25,26 +25,32 @@ def plotted(tmp_path_factory):
 
 def test_plots_written(plotted):
     _, out = plotted
-    for name in ("loss.png", "grad_norm.png", "learning_rate.png", "throughput.png", "performance.png",
-                 "eval_f1.png"):
+    for name in ("loss.png", "grad_norm.png", "learning_rate.png", "throughput.png", "performance.png"):
         data = (out / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 5000, name
+    # evaluated once, at the end: two lone dots are no plot; summary.md has the values
+    assert not (out / "eval_f1.png").exists()
 
 
 def test_summary(plotted):
     _, out = plotted
     text = (out / "summary.md").read_text()
     assert "| scalar | points | steps | final | min | max | mean |" in text
-    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    over_time, once = text.split("Logged once:")
+    rows = {line.split("|")[1].strip(): line for line in over_time.splitlines() if line.startswith("| ")}
     for tag in ("train/loss", "train/grad_norm", "train/learning_rate", "train/perf/samples_per_s",
-                "train/perf/real_tokens_per_s", "eval/f1"):
+                "train/perf/real_tokens_per_s"):
         assert tag in rows, tag
     cells = [c.strip() for c in rows["train/loss"].split("|")[2:-1]]
     points, steps = int(cells[0]), cells[1]
     assert points >= 5 and steps.startswith("2–")
     final, low, high, mean = (float(c) for c in cells[2:])
     assert low <= final <= high and low <= mean <= high
-    assert "loss.png" in text
+    single = {line.split("|")[1].strip(): line for line in once.splitlines() if line.startswith("| ")}
+    step, f1 = (c.strip() for c in single["eval/f1"].split("|")[2:4])
+    assert int(step) >= int(steps.split("–")[1])  # evaluated after the last logged training step
+    assert 0 <= float(f1) <= 100 and "eval/f1" not in rows
+    assert "loss.png" in text and "eval_f1.png" not in text
 
 
 def test_default_out_dir(plotted, tmp_path):
@@ -69,3 +75,76 @@ def test_no_events_fails_cleanly(make, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and str(folder) in err[0], err
     assert not (folder / "tb_plots").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures, on hand-made scalars
+
+
+def _figures(scalars):
+    import matplotlib.pyplot as plt
+
+    figures = _plot_tb().figures(scalars)
+    yield figures
+    for fig in figures.values():
+        plt.close(fig)
+
+
+def _axes(fig):
+    return [ax for ax in fig.axes if ax.axison]
+
+
+SCALARS = {
+    "train/loss": [(10, 4.8), (20, 4.1), (30, 3.2)],
+    "eval/loss": [(30, 3.4)],
+    "train/perf/peak_rss_gib": [(10, 1.55), (20, 1.57), (30, 1.58)],
+    "train/perf/padding_fraction": [(10, 0.52), (20, 0.55), (30, 0.53)],
+    "train/perf/step_time_s": [(10, 0.41), (20, 0.40), (30, 0.40)],
+    "train/grad_norm": [(10, 3.0001), (20, 3.0002), (30, 3.0003)],
+    "eval/f1": [(30, 61.5)],
+    "eval/exact_match": [(30, 50.0)],
+}
+
+
+def test_one_title_per_figure_and_axes_with_units():
+    for figures in _figures(SCALARS):
+        assert set(figures) == {"loss.png", "grad_norm.png", "performance.png"}
+        for name, fig in figures.items():
+            assert fig._suptitle is not None and fig._suptitle.get_text(), name
+            for ax in _axes(fig):
+                assert ax.get_title() == "", (name, ax.get_title())  # the figure's title is the only one
+                assert ax.get_xlabel() == "optimizer step" and ax.get_ylabel(), name
+        labels = {ax.get_ylabel() for ax in _axes(figures["performance.png"])}
+        assert labels == {"peak host memory, RSS (GiB)", "padding (% of batch tokens)", "optimizer step time (s)"}
+
+
+def test_a_value_logged_once_is_a_labelled_point_or_left_to_the_summary():
+    for figures in _figures(SCALARS):
+        (ax,) = _axes(figures["loss.png"])
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == ["training", "evaluation: 3.4 at step 30"]
+        assert "eval_f1.png" not in figures  # F1 and exact match logged once each: nothing to plot
+    for figures in _figures({**SCALARS, "eval/f1": [(15, 40.0), (30, 61.5)]}):
+        (ax,) = _axes(figures["eval_f1.png"])
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == ["F1", "exact match: 50% at step 30"]
+        assert ax.get_ylim() == (0.0, 100.0)
+
+
+def test_small_changes_look_small():
+    """Peak memory 1.55-1.58 GiB, step time 0.40-0.41 s: drawn from zero; a gradient norm that
+    moves in its fifth digit: over at least 20% of its size, not from edge to edge."""
+    for figures in _figures(SCALARS):
+        panels = {ax.get_ylabel(): ax for ax in _axes(figures["performance.png"])}
+        low, high = panels["peak host memory, RSS (GiB)"].get_ylim()
+        assert low == 0 and 1.58 <= high <= 1.8
+        assert panels["optimizer step time (s)"].get_ylim()[0] == 0
+        low, high = panels["padding (% of batch tokens)"].get_ylim()
+        assert low == 0 and 0.55 <= high <= 1
+        (ax,) = _axes(figures["grad_norm.png"])
+        assert ax.get_ylim()[0] == 0
+    y_limits = _plot_tb().y_limits
+    low, high = y_limits([3.0001, 3.0003], "plain")
+    assert high - low == pytest.approx(0.2 * 3.0003) and low < 3.0001 and high > 3.0003
+    assert y_limits([4.8, 3.2], "plain") is None  # a real change: matplotlib's own limits
+    assert y_limits([-0.5, 2.0], "zero") is None  # negative values: not a quantity from zero

@@ -9,9 +9,14 @@ no runs/ folder), and writes into DIR (default RUN_DIR/tb_plots):
 - loss.png (training loss, and evaluation loss when present), grad_norm.png, learning_rate.png,
   throughput.png (samples/s and real tokens/s), performance.png (the other train/perf/*
   figures: step time, padding, data-loading share, MFU, memory), eval_f1.png (F1 and exact
-  match, when the run evaluated during or after training) — each only when its scalars exist;
-- summary.md: for every scalar, its number of points, first and last step, final, min, max
-  and mean value, and which plots were written.
+  match, when the run evaluated more than once) — each only when its scalars exist. One title
+  per figure; each panel names its value and unit on its y axis, over optimizer steps. A value
+  logged once beside curves is a labelled point; a figure of values all logged once is not
+  drawn. Quantities that cannot be negative are drawn from zero, and other panels over at
+  least MIN_RELATIVE_SPAN of their size, so small changes look small;
+- summary.md: for every scalar logged more than once, its number of points, first and last
+  step, final, min, max and mean value; the scalars logged once with their step and value;
+  and which plots were written.
 
 Exit status 0, or 2 with a one-line `error:` message when there is nothing to read.
 """
@@ -25,18 +30,40 @@ from qa.errors import InputError, command
 
 EVENT_GLOB = "events.out.tfevents.*"
 
-# plot file -> (title, [(panel title, [curve: alternative tags, the first present is drawn])])
+# How a value is drawn: "plain" (matplotlib's limits, widened when the values barely move),
+# "zero" (a quantity >= 0: the axis starts at zero, so its size reads true), "share" (a fraction
+# in [0, 1], shown in percent from zero), "percent" (a score out of 100: the axis is 0-100).
+# Curve: (the tags that may hold it, the first present is drawn; legend label).
+# Panel: (y-axis label with its unit, kind, [curves]). Plot file: (figure title, [panels]).
 PLOTS = {
-    "loss.png": ("Loss", [("loss", [["train/loss", "loss"], ["eval/loss", "eval_loss"]])]),
-    "grad_norm.png": ("Gradient norm", [("grad norm", [["train/grad_norm", "grad_norm"]])]),
-    "learning_rate.png": ("Learning rate", [("learning rate", [["train/learning_rate", "learning_rate"]])]),
+    "loss.png": ("Loss", [("loss: cross-entropy (nats)", "plain",
+                           [(["train/loss", "loss"], "training"), (["eval/loss", "eval_loss"], "evaluation")])]),
+    "grad_norm.png": ("Gradient norm", [("L2 norm of the gradients", "zero",
+                                         [(["train/grad_norm", "grad_norm"], "")])]),
+    "learning_rate.png": ("Learning rate", [("learning rate (per optimizer step)", "zero",
+                                             [(["train/learning_rate", "learning_rate"], "")])]),
     "throughput.png": ("Training throughput", [
-        ("samples/s (features)", [["train/perf/samples_per_s", "perf/samples_per_s"]]),
-        ("real tokens/s", [["train/perf/real_tokens_per_s", "perf/real_tokens_per_s"]])]),
-    "eval_f1.png": ("Evaluation", [("F1 / exact match", [["eval/f1", "eval_f1"],
-                                                         ["eval/exact_match", "eval_exact_match"]])]),
+        ("samples/s (features, whole job)", "zero", [(["train/perf/samples_per_s", "perf/samples_per_s"], "")]),
+        ("real (non-padding) tokens/s", "zero", [(["train/perf/real_tokens_per_s", "perf/real_tokens_per_s"], "")])]),
+    "eval_f1.png": ("Evaluation", [("score (%)", "percent", [(["eval/f1", "eval_f1"], "F1"),
+                                                             (["eval/exact_match", "eval_exact_match"],
+                                                              "exact match")])]),
+}
+# The other train/perf/* figures (performance.png), by the last part of their tag.
+PERF_PANELS = {
+    "step_time_s": ("optimizer step time (s)", "zero"),
+    "padding_fraction": ("padding (% of batch tokens)", "share"),
+    "data_time_share": ("waiting for data (% of step + data time)", "share"),
+    "tflops_per_device": ("model TFLOP/s per device", "zero"),
+    "mfu": ("MFU (% of the device's peak)", "share"),
+    "peak_rss_gib": ("peak host memory, RSS (GiB)", "zero"),
+    "peak_mem_gib": ("peak GPU memory (GiB)", "zero"),
 }
 PERF_SHOWN_ELSEWHERE = {"samples_per_s", "real_tokens_per_s"}
+# A panel whose values span less than this share of their size is drawn over at least this
+# span, so that noise in the last digits does not look like a large swing.
+MIN_RELATIVE_SPAN = 0.2
+X_LABEL = "optimizer step"
 
 
 def events_root(run_dir: Path) -> Path:
@@ -91,47 +118,103 @@ def _fmt(v):
 
 
 def _panels(scalars):
-    """plot file -> (title, [(panel title, [tags])]), only the plots with data."""
+    """plot file -> (title, [(y label, kind, [(tag, legend label)])]), only the plots with data."""
     out = {}
     for name, (title, panels) in PLOTS.items():
         found = []
-        for panel, curves in panels:
-            tags = [next(t for t in alternatives if t in scalars) for alternatives in curves
-                    if any(t in scalars for t in alternatives)]
-            if tags:
-                found.append((panel, tags))
+        for ylabel, kind, curves in panels:
+            present = [(next(t for t in tags if t in scalars), label) for tags, label in curves
+                       if any(t in scalars for t in tags)]
+            if present:
+                found.append((ylabel, kind, present))
         if found:
             out[name] = (title, found)
     perf = sorted(t for t in scalars if "perf/" in t and t.rsplit("/", 1)[-1] not in PERF_SHOWN_ELSEWHERE)
     if perf:
-        out["performance.png"] = ("Training performance", [(t.rsplit("/", 1)[-1], [t]) for t in perf])
+        out["performance.png"] = ("Training performance", [
+            (*PERF_PANELS.get(t.rsplit("/", 1)[-1], (t.rsplit("/", 1)[-1], "plain")), [(t, "")]) for t in perf])
     return out
 
 
-def plot(scalars, out_dir: Path) -> list:
+def logged_once(scalars, tags) -> bool:
+    return all(len(scalars[t]) == 1 for t in tags)
+
+
+def y_limits(values, kind):
+    """(bottom, top) of a panel's y axis for its values, or None to leave matplotlib's choice.
+    From zero for quantities that cannot be negative, 0-100 for scores; otherwise at least
+    MIN_RELATIVE_SPAN of the values' size, centred on them."""
+    values = [v for v in values if math.isfinite(v)]
+    if not values:
+        return None
+    low, high = min(values), max(values)
+    if kind == "percent":
+        return 0.0, max(100.0, high)
+    if kind in ("zero", "share") and low >= 0:
+        top = high * 1.08 if high > 0 else 1.0
+        return 0.0, (min(max(top, 0.01), 1.0) if kind == "share" and high <= 1 else top)
+    size = max(abs(low), abs(high))
+    if size == 0 or high - low >= MIN_RELATIVE_SPAN * size:
+        return None
+    centre, half = (low + high) / 2, MIN_RELATIVE_SPAN * size / 2
+    return centre - half, centre + half
+
+
+def _draw_panel(ax, scalars, ylabel, kind, curves):
+    from matplotlib.ticker import PercentFormatter
+
+    values = []
+    for tag, label in curves:
+        steps, ys = zip(*scalars[tag])
+        values += ys
+        if len(steps) == 1:  # a value logged once: a point whose legend entry says what it is
+            value = f"{_fmt(ys[0])}{'%' if kind == 'percent' else ''}"
+            ax.plot(steps, ys, "o", markersize=6, label=f"{label + ': ' if label else ''}{value} at step {steps[0]}")
+        else:
+            ax.plot(steps, ys, marker="o" if len(steps) < 30 else None, markersize=3, label=label or None)
+    limits = y_limits(values, kind)
+    if limits is not None:
+        ax.set_ylim(*limits)
+    if kind == "share":
+        ax.yaxis.set_major_formatter(PercentFormatter(xmax=1))
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(X_LABEL)
+    ax.grid(alpha=0.3)
+    if any(label for _, label in curves) or any(len(scalars[tag]) == 1 for tag, _ in curves):
+        ax.legend()
+
+
+def figures(scalars) -> dict:
+    """plot file -> matplotlib Figure. One title per figure (its panels have none: each names
+    its value and unit on its y axis). A figure whose values were all logged once is left out:
+    summary.md lists them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
+    out = {}
     for name, (title, panels) in _panels(scalars).items():
+        if logged_once(scalars, [tag for _, _, curves in panels for tag, _ in curves]):
+            continue
         cols = 1 if len(panels) == 1 else 2
         rows = math.ceil(len(panels) / cols)
         fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 3.6 * rows), squeeze=False)
-        for ax, (panel, tags) in zip(axes.flat, panels):
-            for tag in tags:
-                steps, values = zip(*scalars[tag])
-                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=tag)
-            ax.set_title(panel)
-            ax.set_xlabel("step")
-            ax.grid(alpha=0.3)
-            if len(tags) > 1:
-                ax.legend()
+        for ax, (ylabel, kind, curves) in zip(axes.flat, panels):
+            _draw_panel(ax, scalars, ylabel, kind, curves)
         for ax in list(axes.flat)[len(panels):]:
             ax.axis("off")
         fig.suptitle(title)
         fig.tight_layout()
+        out[name] = fig
+    return out
+
+
+def plot(scalars, out_dir: Path) -> list:
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, fig in figures(scalars).items():
         fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
         written.append(name)
@@ -139,13 +222,21 @@ def plot(scalars, out_dir: Path) -> list:
 
 
 def summary_markdown(run_dir, scalars, plots) -> str:
-    lines = [f"# TensorBoard scalars of `{run_dir}`", "",
-             "| scalar | points | steps | final | min | max | mean |", "|---|---:|---|---:|---:|---:|---:|"]
-    for tag in sorted(scalars):
-        s = stats(scalars[tag])
-        lines.append(f"| {tag} | {s['points']} | {s['first_step']}–{s['last_step']} | {_fmt(s['final'])} | "
-                     f"{_fmt(s['min'])} | {_fmt(s['max'])} | {_fmt(s['mean'])} |")
-    lines += ["", "Plots: " + (", ".join(f"[{p}]({p})" for p in plots) if plots else "none"), ""]
+    over_time = sorted(t for t in scalars if len(scalars[t]) > 1)
+    once = sorted(t for t in scalars if len(scalars[t]) == 1)
+    lines = [f"# TensorBoard scalars of `{run_dir}`", ""]
+    if over_time:
+        lines += ["| scalar | points | steps | final | min | max | mean |", "|---|---:|---|---:|---:|---:|---:|"]
+        for tag in over_time:
+            s = stats(scalars[tag])
+            lines.append(f"| {tag} | {s['points']} | {s['first_step']}–{s['last_step']} | {_fmt(s['final'])} | "
+                         f"{_fmt(s['min'])} | {_fmt(s['max'])} | {_fmt(s['mean'])} |")
+        lines.append("")
+    if once:
+        lines += ["Logged once:", "", "| scalar | step | value |", "|---|---:|---:|"]
+        lines += [f"| {tag} | {scalars[tag][0][0]} | {_fmt(scalars[tag][0][1])} |" for tag in once]
+        lines.append("")
+    lines += ["Plots: " + (", ".join(f"[{p}]({p})" for p in plots) if plots else "none"), ""]
     return "\n".join(lines)
 
 
