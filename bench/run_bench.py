@@ -42,12 +42,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from qa.config import to_flags  # noqa: F401  (re-exported for parity.py)
+from qa.data import squad_dev_path
 from qa.model import build_random_bert
 from qa.telemetry import mfu, model_flops, peak_flops
 
 REPO = Path(__file__).resolve().parents[1]
 
-DEV_SET = REPO.parent / "shared" / "data" / "squad" / "dev-v1.1.json.gz"
+DEV_SET = squad_dev_path()  # $SQUAD_DEV, or ../shared/data/squad/dev-v1.1.json.gz beside the repository
 RESULTS = REPO / "bench" / "results"
 FAST_CONFIG = REPO / "configs" / "fast.json"
 

@@ -54,6 +54,7 @@ import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .errors import InputError
@@ -63,6 +64,11 @@ SPLITS = ("train", "validation", "test")
 EXPECTED_COLUMNS = ("id, title (optional), context, question, and answers "
                     "(or answer_text + answer_start)")
 SETUP_SCRIPT = "setup_bert.sh"
+# The official SQuAD v1.1 dev set, which the tests and benchmarks read: $SQUAD_DEV (the file as
+# published, plain or gzip-compressed), else this file in a shared/ folder beside the repository.
+SQUAD_DEV_VARIABLE = "SQUAD_DEV"
+SQUAD_DEV_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad" / "dev-v1.1.json.gz"
+SQUAD_DEV_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v1.1.json"
 GZIP_MAGIC = b"\x1f\x8b"
 # Seed offsets of the synthetic evaluation splits, so they never repeat the training questions.
 SYNTHETIC_SEED_OFFSET = {"train": 0, "validation": 1_000_003, "test": 2_000_006}
@@ -119,6 +125,22 @@ def load_raw_datasets(data_args, splits: Sequence[str] = SPLITS, cache_dir: Opti
             dataset = select_articles(dataset, articles, f"--{split}_articles", source)
         out[split] = dataset
     return DatasetDict(out)
+
+
+def squad_dev_path() -> Path:
+    """Where the official SQuAD v1.1 dev set is looked for: $SQUAD_DEV, else SQUAD_DEV_DEFAULT."""
+    given = os.environ.get(SQUAD_DEV_VARIABLE)
+    return Path(given).expanduser() if given else SQUAD_DEV_DEFAULT
+
+
+def require_squad_dev(path) -> Path:
+    """`path` when it is a file, else the InputError that says how to get the dev set."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(str(path), "the official SQuAD v1.1 dev set is not there",
+                         f"download it once (curl -LO {SQUAD_DEV_URL}, on a machine with internet) and set "
+                         f"{SQUAD_DEV_VARIABLE}=/path/to/dev-v1.1.json, or pass its path (--dev / --train_file)")
+    return path
 
 
 def split_source(config: dict, split: str) -> str:

@@ -2,8 +2,12 @@
 import functools
 from pathlib import Path
 
+from qa.data import squad_dev_path
+
 REPO = Path(__file__).resolve().parents[1]
-DEV_SET = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad" / "dev-v1.1.json.gz"
+# The official SQuAD v1.1 dev set: $SQUAD_DEV, or ../shared/data/squad/dev-v1.1.json.gz beside the
+# repository (README: "The SQuAD dev set"); tests that need it skip without it.
+DEV_SET = squad_dev_path()
 
 
 @functools.lru_cache(maxsize=None)

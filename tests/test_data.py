@@ -14,9 +14,9 @@ import pytest
 from qa.args import DataArguments
 from qa.data import load_raw_datasets, parse_slice, read_squad_file, select_articles
 from qa.errors import InputError
+from tests.helpers import DEV_SET
 
 REPO = Path(__file__).resolve().parents[1]
-DEV_SET = Path(__file__).resolve().parents[2] / "shared/data/squad/dev-v1.1.json.gz"
 
 # Two articles; contexts with a non-ASCII character, a double space and a newline; one question
 # with two answers (as in dev files), one with an answer at offset 0.

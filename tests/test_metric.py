@@ -5,15 +5,13 @@ import gzip
 import json
 import re
 import string
-from pathlib import Path
 
 import pytest
 
 from qa import metric
 from qa.metric import (
     normalize_answer, scores_from_examples, squad_scores, squad_v1_scores, squad_v2_scores)
-
-DEV_V11 = Path(__file__).resolve().parents[2] / "shared/data/squad/dev-v1.1.json.gz"
+from tests.helpers import DEV_SET as DEV_V11
 
 
 def nested(*questions):

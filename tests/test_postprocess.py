@@ -6,14 +6,13 @@ then the vectorised version is checked against the reference on real dev-set fea
 import json
 import logging
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from qa.postprocess import postprocess_qa_predictions, postprocess_qa_predictions_reference
+from tests.helpers import DEV_SET
 
-DEV_SET = Path(__file__).resolve().parents[2] / "shared/data/squad/dev-v1.1.json.gz"
 CONTEXT = "zero one two three four five six seven eight nine"
 SPANS = [m.span() for m in re.finditer(r"\S+", CONTEXT)]
 LOW = -10.0
