@@ -153,7 +153,7 @@ def split_source(config: dict, split: str) -> str:
         source = str(path)
     elif name == "synthetic":
         count = config.get("synthetic_train_examples" if split == "train" else "synthetic_eval_examples")
-        source = f"synthetic ({count} generated questions)" if count else "synthetic"
+        source = f"synthetic ({count:,} generated questions)" if count else "synthetic"
     elif name:
         config_name = config.get("dataset_config_name")
         source = f"{name}{f' ({config_name})' if config_name else ''}, split {split}"

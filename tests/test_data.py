@@ -577,3 +577,17 @@ def test_unlabelled_test_split(tmp_path, empty):
     assert ("answers" in v2["test"].column_names) == empty
     with pytest.raises(InputError, match="version_2_with_negative" if empty else "has no 'answers' field"):
         load_raw_datasets(DataArguments(validation_file=str(path)), splits=("validation",))
+
+
+def test_split_source_names_where_each_split_comes_from():
+    """What results.md says each split read: the file given for it, else the generated data or
+    the Hub dataset, with the kept articles."""
+    from qa.data import split_source
+
+    config = {"dataset_name": "rajpurkar/squad", "test_file": "questions.json", "train_articles": "0:36",
+              "synthetic_train_examples": 1000}
+    assert split_source(config, "test") == "questions.json"
+    assert split_source(config, "train") == "rajpurkar/squad, split train, articles 0:36"
+    assert split_source({**config, "dataset_name": "synthetic"}, "train") == \
+        "synthetic (1,000 generated questions), articles 0:36"
+    assert split_source({"dataset_name": None}, "validation") == "none given"
