@@ -120,7 +120,8 @@ def test_load_report_shown_only_when_unexpected(case, tmp_path):
     logging.getLogger("qa.model").addHandler(ours)
     logging.getLogger("qa.model").setLevel(logging.INFO)
     try:
-        load_model_and_tokenizer(ModelArguments(str(folder)), work_dir=tmp_path, training=case != "base bert, no training")
+        load_model_and_tokenizer(ModelArguments(str(folder)), work_dir=tmp_path,
+                                 training=case != "base bert, no training")
     finally:
         logging.getLogger("transformers").removeHandler(seen)
         logging.getLogger("qa.model").removeHandler(ours)

@@ -76,7 +76,8 @@ def rendering_problems(text: str) -> list:
         if not closed:
             problems.append(f"line {first + 1}: code fence {token.markup}{token.info} is never closed by a bare "
                             f"{token.markup} line (it runs to line {end})")
-        inner = [first + 1 + i for i, line in enumerate(lines[first + 1:end - 1 if closed else end]) if FENCE.match(line)]
+        body = lines[first + 1:end - 1 if closed else end]
+        inner = [first + 1 + i for i, line in enumerate(body) if FENCE.match(line)]
         if inner:
             problems.append(f"line {first + 1}: the code block opened here holds fence-like line(s) "
                             f"{', '.join(str(n + 1) for n in inner)}: a fence glued to text or a missing closing fence")
