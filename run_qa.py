@@ -24,11 +24,11 @@ from transformers import default_data_collator, set_seed  # noqa: E402
 from qa.cache import cached_features, default_cache_dir  # noqa: E402
 from qa.callbacks import RunCallbacks  # noqa: E402
 from qa.checkpoints import find_checkpoint  # noqa: E402
-from qa.collate import BucketPaddingCollator, add_length_column, check_padding  # noqa: E402
+from qa.collate import BucketPaddingCollator, add_length_column  # noqa: E402
 from qa.config import finalize, parse_args  # noqa: E402
 from qa.data import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
-from qa.features import check_window, prepare_train_features, prepare_validation_features  # noqa: E402
+from qa.features import prepare_train_features, prepare_validation_features  # noqa: E402
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
 from qa.postprocess import PostProcessing  # noqa: E402
 from qa.preemption import EXIT_INTERRUPTED  # noqa: E402
@@ -60,14 +60,12 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
 
 def run(argv):
     check_transformers_version()
-    model_args, data_args, run_args, training_args, explicit = parse_args(argv)
+    model_args, data_args, run_args, training_args, explicit = parse_args(argv)  # every setting checked
     finalize(training_args, explicit)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         level=logging.INFO if training_args.should_log else logging.WARNING)
 
-    # Everything that can reject the user's input runs before anything is written.
-    check_window(data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
-    check_padding(data_args.max_seq_length, data_args.pad_to_multiple_of, data_args.length_buckets)
+    # Everything else that can reject the user's input runs before anything is written.
     splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
                               ("test", training_args.do_predict)) if on]
     if not splits:

@@ -361,10 +361,7 @@ def main(argv=None) -> int:
     Prints what the official script of the dataset's version prints; returns 0, or 2 after a
     one-line `error: ...` on stderr for bad input.
     """
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exit_:  # --help
-        return exit_.code if isinstance(exit_.code, int) else 0
+    args = _parser().parse_args(argv)  # --help: SystemExit(0), which `command` returns as 0
     print(_score_files(args))
     return 0
 
