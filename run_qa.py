@@ -32,6 +32,7 @@ from qa.features import prepare_train_features, prepare_validation_features  # n
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
 from qa.postprocess import PostProcessing  # noqa: E402
 from qa.preemption import EXIT_INTERRUPTED  # noqa: E402
+from qa.ranks import on_main_rank  # noqa: E402
 from qa.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
 from qa.telemetry import token_stats, train_throughput  # noqa: E402
 from trainer_qa import QuestionAnsweringTrainer, check_transformers_version  # noqa: E402
@@ -75,7 +76,9 @@ def run(argv):
     set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
     model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root)
     check_model_and_tokenizer(model, tokenizer, data_args)
-    checkpoint = find_checkpoint(training_args.output_dir, run_args.resume) if training_args.do_train else None
+    checkpoint = None
+    if training_args.do_train:  # chosen, verified, and damaged ones moved aside, once for all ranks
+        checkpoint = on_main_rank(lambda: find_checkpoint(training_args.output_dir, run_args.resume))
     return _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args,
                                checkpoint, cache_root)
 

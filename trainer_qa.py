@@ -19,9 +19,9 @@ from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import has_length, rotate_checkpoints, speed_metrics
 
-from qa.checkpoints import COMPLETE_MARKER
+from qa.checkpoints import COMPLETE_MARKER, write_marker
 from qa.errors import InputError
-from qa.io import atomic_write_json, give_new_file_modes
+from qa.io import give_new_file_modes
 from qa.metric import scores_from_examples
 from qa.postprocess import PostProcessing
 
@@ -101,7 +101,7 @@ class QuestionAnsweringTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
-            atomic_write_json(marker, {"global_step": self.state.global_step})
+            write_marker(folder, self.state.global_step)  # every file's size and hash, for resuming
             rotate_checkpoints(output_dir=os.path.dirname(folder), save_total_limit=limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
