@@ -11,6 +11,7 @@ Only the main process writes prediction files.
 import logging
 import math
 import os
+import shutil
 import time
 
 import transformers
@@ -107,11 +108,17 @@ class QuestionAnsweringTrainer(Trainer):
 
     def save_model(self, output_dir=None, _internal_call=False):
         """The final model goes to a staging folder first and then file by file into place with
-        atomic renames, so a job killed while saving never leaves a torn weights file."""
+        atomic renames, so a job killed while saving never leaves a torn weights file. One run
+        writes into an output folder at a time (qa.runlock), so the staging folder is this run's;
+        what a run killed while saving left there is cleared first, or its files (those this save
+        does not overwrite, e.g. another tokenizer's vocabulary) would be moved into place too."""
         if _internal_call:  # a checkpoint: whole only once it has the marker
             return super().save_model(output_dir, _internal_call=True)
         target = output_dir or self.args.output_dir
         staging = os.path.join(target, ".saving-model")
+        if self.args.should_save and os.path.isdir(staging):
+            shutil.rmtree(staging)
+        self.accelerator.wait_for_everyone()
         super().save_model(staging)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
