@@ -7,9 +7,10 @@ finished saving (see QuestionAnsweringTrainer._save_checkpoint).
 
 A marker is not proof that the files are still whole: a copy cut short, a full disk or a quota
 can damage them later. So the marker lists every file of the checkpoint with its size and an
-xxh3-128 hash of its content (xxhash comes with `datasets`; it reads at several GB/s, so
-hashing a bert-base checkpoint's 1.3 GB adds well under a second to a save), and a checkpoint
-is resumed from only after its files match. A marker of an earlier version (only
+xxh3-128 hash of its content (xxhash comes with `datasets`: 1.3 GB, a bert-base checkpoint with
+its AdamW state, hashed in 0.33 s from the page cache on the project's 2-core development VM,
+November 2026, `file_hash` on a file of random bytes), and a checkpoint is resumed from only
+after its files match. A marker of an earlier version (only
 `global_step`) cannot say what the files were; their formats are checked instead (a
 safetensors file against the size its header describes, a torch zip file against the CRC of
 every member, JSON files parse), with a warning.

@@ -291,7 +291,8 @@ def test_cli_predictions_for_another_dataset_are_an_error(tmp_path, capsys):
     for name, preds in (("other.json", {"x1": "denver", "x2": "1990"}), ("empty.json", {})):
         code, out, err = run_cli(capsys, data, write_json(tmp_path / name, preds))
         assert code == 2 and out == "", err
-        assert err.count("\n") == 1 and err.startswith(f"error: {data}: none of its 5 questions has a prediction in "), err
+        assert err.count("\n") == 1, err
+        assert err.startswith(f"error: {data}: none of its 5 questions has a prediction in "), err
         assert "0 of 5 ids matched" in err and ". Fix: score the predictions made for this dataset" in err, err
     code, _, err = run_cli(capsys, data, write_json(tmp_path / "other.json", {"x1": "denver"}))
     assert "(e.g. 'x1' there, 'q1' here)" in err
