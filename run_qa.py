@@ -24,15 +24,17 @@ from transformers import default_data_collator, set_seed  # noqa: E402
 from qa.cache import cached_features, default_cache_dir  # noqa: E402
 from qa.callbacks import RunCallbacks  # noqa: E402
 from qa.checkpoints import find_checkpoint  # noqa: E402
-from qa.collate import BucketPaddingCollator, add_length_column, check_padding  # noqa: E402
+from qa.collate import BucketPaddingCollator, add_length_column  # noqa: E402
 from qa.config import finalize, parse_args  # noqa: E402
 from qa.data import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
-from qa.features import check_window, prepare_train_features, prepare_validation_features  # noqa: E402
+from qa.features import prepare_train_features, prepare_validation_features  # noqa: E402
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
 from qa.postprocess import PostProcessing  # noqa: E402
 from qa.preemption import EXIT_INTERRUPTED  # noqa: E402
+from qa.ranks import on_main_rank  # noqa: E402
 from qa.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
+from qa.runlock import RunLock  # noqa: E402
 from qa.telemetry import token_stats, train_throughput  # noqa: E402
 from trainer_qa import QuestionAnsweringTrainer, check_transformers_version  # noqa: E402
 
@@ -60,26 +62,37 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
 
 def run(argv):
     check_transformers_version()
-    model_args, data_args, run_args, training_args, explicit = parse_args(argv)
+    model_args, data_args, run_args, training_args, explicit = parse_args(argv)  # every setting checked
+    # Reading should_log sets up the devices and, in a distributed run, the process group that
+    # on_main_rank below needs. Logging is configured first so that finalize's notes are shown.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         level=logging.INFO if training_args.should_log else logging.WARNING)
     finalize(training_args, explicit)
-
-    # Everything that can reject the user's input runs before anything is written.
-    check_window(data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
-    check_padding(data_args.max_seq_length, data_args.pad_to_multiple_of, data_args.length_buckets)
     splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
                               ("test", training_args.do_predict)) if on]
     if not splits:
         raise InputError("arguments", "nothing to do", "pass --do_train, --do_eval and/or --do_predict")
-    raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
-    cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
-    set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
-    model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, training=training_args.do_train)
-    check_model_and_tokenizer(model, tokenizer, data_args)
-    checkpoint = find_checkpoint(training_args.output_dir, run_args.resume) if training_args.do_train else None
-    return _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args,
-                               checkpoint, cache_root)
+
+    # One run per output folder: rank 0 takes its lock before anything is written there, and every
+    # rank learns whether it got it. A folder the lock created is removed again if the run stops
+    # on bad input below (nothing written).
+    lock = RunLock(training_args.output_dir)
+    on_main_rank(lock.acquire)
+    try:
+        # Everything else that can reject the user's input runs before anything is written.
+        raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
+        cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
+        set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
+        model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root,
+                                                    training=training_args.do_train)
+        check_model_and_tokenizer(model, tokenizer, data_args)
+        checkpoint = None
+        if training_args.do_train:  # chosen, verified, and damaged ones moved aside, once for all ranks
+            checkpoint = on_main_rank(lambda: find_checkpoint(training_args.output_dir, run_args.resume))
+        return _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args,
+                                   checkpoint, cache_root)
+    finally:
+        lock.release()
 
 
 def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args, checkpoint,

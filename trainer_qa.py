@@ -11,6 +11,7 @@ Only the main process writes prediction files.
 import logging
 import math
 import os
+import shutil
 import time
 
 import transformers
@@ -19,9 +20,9 @@ from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import has_length, rotate_checkpoints, speed_metrics
 
-from qa.checkpoints import COMPLETE_MARKER
+from qa.checkpoints import COMPLETE_MARKER, write_marker
 from qa.errors import InputError
-from qa.io import atomic_write_json, give_new_file_modes
+from qa.io import give_new_file_modes
 from qa.metric import scores_from_examples
 from qa.postprocess import PostProcessing
 
@@ -101,17 +102,23 @@ class QuestionAnsweringTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
-            atomic_write_json(marker, {"global_step": self.state.global_step})
+            write_marker(folder, self.state.global_step)  # every file's size and hash, for resuming
             rotate_checkpoints(output_dir=os.path.dirname(folder), save_total_limit=limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
     def save_model(self, output_dir=None, _internal_call=False):
         """The final model goes to a staging folder first and then file by file into place with
-        atomic renames, so a job killed while saving never leaves a torn weights file."""
+        atomic renames, so a job killed while saving never leaves a torn weights file. One run
+        writes into an output folder at a time (qa.runlock), so the staging folder is this run's;
+        what a run killed while saving left there is cleared first, or its files (those this save
+        does not overwrite, e.g. another tokenizer's vocabulary) would be moved into place too."""
         if _internal_call:  # a checkpoint: whole only once it has the marker
             return super().save_model(output_dir, _internal_call=True)
         target = output_dir or self.args.output_dir
         staging = os.path.join(target, ".saving-model")
+        if self.args.should_save and os.path.isdir(staging):
+            shutil.rmtree(staging)
+        self.accelerator.wait_for_everyone()
         super().save_model(staging)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:

@@ -1,7 +1,8 @@
 """Command-line / JSON-config arguments, grouped by what they configure.
 
 `run_qa.py` parses these three dataclasses plus transformers' `TrainingArguments` with
-`HfArgumentParser`, from flags or from a single JSON file.
+`HfArgumentParser`, from flags or from a single JSON file (qa.config). What each numeric and
+path value may be is one table, qa/settings.py, checked right after parsing.
 """
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -155,23 +156,11 @@ class RunArguments:
                   "--resume auto continues from it. False: SIGTERM ends the process at once."})
 
     def timed_steps(self) -> Optional[Tuple[int, int]]:
-        """--telemetry_window as (start, stop), or None."""
-        if self.telemetry_window is None:
-            return None
-        start, _, stop = str(self.telemetry_window).partition(":")
-        return int(start), int(stop)
+        """--telemetry_window as (start, stop), or None (checked with the other settings: qa.settings)."""
+        return None if self.telemetry_window is None else steps_window(self.telemetry_window)
 
-    def __post_init__(self):
-        if self.telemetry_window is not None:
-            try:
-                start, stop = self.timed_steps()
-            except ValueError:
-                start = stop = None
-            if start is None or not 1 <= start < stop:
-                raise ValueError(f"--telemetry_window {self.telemetry_window!r} must be 'START:STOP' with "
-                                 "1 <= START < STOP (optimizer steps; the window opens at the end of step START)")
-        if self.peak_tflops is not None and self.peak_tflops <= 0:
-            raise ValueError(f"--peak_tflops must be positive, not {self.peak_tflops}")
-        if self.profile_wait < 0 or self.profile_warmup < 0 or self.profile_repeat < 0 or self.profile_active < 1:
-            raise ValueError("--profile_wait/--profile_warmup/--profile_repeat must be >= 0 and "
-                             "--profile_active >= 1")
+
+def steps_window(text: str) -> Tuple[int, int]:
+    """'START:STOP' as (start, stop); ValueError when it is not two whole numbers."""
+    start, _, stop = str(text).partition(":")
+    return int(start), int(stop)

@@ -15,8 +15,6 @@ bounds the number of distinct shapes, which matters for `torch.compile` with sta
 import numpy as np
 import pyarrow.compute as pc
 
-from .errors import InputError
-
 LENGTH_COLUMN = "length"
 # Token-level columns and their padding value (None: the tokenizer's pad token id).
 PADDED_COLUMNS = {"input_ids": None, "token_type_ids": "type", "attention_mask": 0, "special_tokens_mask": 1}
@@ -29,21 +27,6 @@ def add_length_column(features, name: str = LENGTH_COLUMN):
         return features
     column = features.with_format("arrow")["input_ids"].combine_chunks()
     return features.add_column(name, pc.list_value_length(column).to_numpy().astype(np.int32))
-
-
-def check_padding(max_seq_length: int, pad_to_multiple_of, length_buckets) -> None:
-    """Refuse padding settings that would pad batches beyond max_seq_length or to no length."""
-    if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
-        raise InputError(f"pad_to_multiple_of={pad_to_multiple_of}", "must be at least 1",
-                         "use 8 (tensor-core friendly), or 1 to pad each batch to its longest feature")
-    for bucket in length_buckets or ():
-        if bucket < 1 or bucket > max_seq_length:
-            why = ("no feature is longer than max_seq_length, so a larger bucket only pads beyond it"
-                   if bucket > max_seq_length else "a batch cannot be padded to fewer than 1 token")
-            examples = " ".join(str(max_seq_length * k // 4) for k in (1, 2, 3, 4))
-            raise InputError(f"length_buckets={list(length_buckets)}",
-                             f"bucket {bucket} is outside 1..max_seq_length={max_seq_length} ({why})",
-                             f"give lengths from 1 to {max_seq_length} (e.g. {examples}), or raise --max_seq_length")
 
 
 class BucketPaddingCollator:

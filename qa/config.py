@@ -1,5 +1,6 @@
 """Parsing the run's arguments: flags, or a JSON config file optionally followed by flags
 that override it (`run_qa.py configs/reference.json --output_dir runs/x`)."""
+import dataclasses
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from .args import DataArguments, ModelArguments, RunArguments
 from .console import configure_output
 from .errors import InputError, command
+from .settings import check_settings
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
 logger = logging.getLogger(__name__)
@@ -48,9 +50,21 @@ def _read_config(path: str) -> dict:
     return config
 
 
+class _Parser(HfArgumentParser):
+    """argparse reports a bad flag in a usage block and exits; here it is the project's one-line
+    error, naming where the arguments came from. --help still prints the help and exits 0."""
+
+    source = "command line"
+
+    def error(self, message):
+        raise InputError(self.source, f"invalid arguments: {message}",
+                         "run `python run_qa.py --help` for the accepted arguments")
+
+
 def parse_args(argv):
     """-> (model_args, data_args, run_args, training_args, explicit) where `explicit` is the
-    set of argument names the user gave (flags or config keys)."""
+    set of argument names the user gave (flags or config keys). Every numeric and path value
+    is checked against qa.settings before the dataclasses are built."""
     argv = [str(a) for a in argv]
     source = "command line"
     config = {}
@@ -66,20 +80,23 @@ def parse_args(argv):
         logger.warning("%s processes started (WORLD_SIZE) and no GPU is visible here: training as one gloo "
                        "group on the CPU (--use_cpu true)", os.environ["WORLD_SIZE"])
         argv = argv + ["--use_cpu", "true"]
-    parser = HfArgumentParser(DATACLASSES)
-    try:
-        model_args, data_args, run_args, training_args, unknown = parser.parse_args_into_dataclasses(
-            args=argv, return_remaining_strings=True)
-    except SystemExit:
-        raise InputError(source, "invalid arguments (see the message above)",
-                         "run `python run_qa.py --help` for the accepted arguments") from None
-    except (TypeError, ValueError) as err:
-        raise InputError(source, f"invalid arguments: {str(err).splitlines()[0]}",
-                         "run `python run_qa.py --help` for the accepted arguments") from None
+    parser = _Parser(DATACLASSES)
+    parser.source = source
+    namespace, unknown = parser.parse_known_args(args=argv)  # --help: prints it, SystemExit(0)
     if unknown:
         raise InputError(source, f"unknown arguments {unknown}",
                          "remove them or run `python run_qa.py --help` for the accepted ones")
-    return model_args, data_args, run_args, training_args, explicit
+    values = vars(namespace)
+    check_settings(values)
+    built = []
+    try:
+        for dtype in DATACLASSES:
+            names = {f.name for f in dataclasses.fields(dtype) if f.init}
+            built.append(dtype(**{k: v for k, v in values.items() if k in names}))
+    except (TypeError, ValueError) as err:  # a combination TrainingArguments refuses
+        raise InputError(source, f"invalid arguments: {str(err).splitlines()[0]}",
+                         "run `python run_qa.py --help` for the accepted arguments") from None
+    return (*built, explicit)
 
 
 def _gpu_less_distributed_launch() -> bool:

@@ -322,12 +322,17 @@ def _file_kind(path: str) -> str:
                      "optionally gzip-compressed (a .gz suffix may follow)")
 
 
-def _read_file(path: str, decode: bool):
+def check_data_file(path: str) -> None:
+    """The data file exists and is a file (checked with the other settings, before anything runs)."""
     if not os.path.exists(path):
         raise InputError(path, "file not found",
                          f"check the path (a relative path is taken from {os.getcwd()})")
     if os.path.isdir(path):
         raise InputError(path, "is a directory, not a file", "give the path of the data file")
+
+
+def _read_file(path: str, decode: bool):
+    check_data_file(path)
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -22,7 +22,8 @@ class InputError(Exception):
 
 
 def command(main):
-    """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and exit 2."""
+    """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and exit 2;
+    argparse's --help (help printed, then SystemExit(0)) returns 0 like any finished command."""
     @functools.wraps(main)
     def run(*args, **kwargs):
         try:
@@ -30,4 +31,8 @@ def command(main):
         except InputError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_INPUT_ERROR
+        except SystemExit as exit_:
+            if exit_.code in (0, None):
+                return 0
+            raise
     return run

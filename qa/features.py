@@ -21,15 +21,12 @@ PAIR_SPECIAL_TOKENS = 3  # BERT's [CLS] q [SEP] c [SEP]; check_tokenizer counts 
 
 def check_window(max_seq_length: int, doc_stride: int, max_query_length: int,
                  special_tokens: int = PAIR_SPECIAL_TOKENS) -> None:
-    """Fail early, with the fix, on settings the tokenizer would reject mid-run."""
-    if max_query_length < 1:
-        raise InputError(f"max_query_length={max_query_length}", "must be at least 1 (questions are cut to this "
-                         "many tokens)", "use a positive value, e.g. 64")
-    if doc_stride < 1:
-        # Negative: the tokenizer's overflow arithmetic fails. Zero: windows would not overlap, so
-        # an answer that crosses a window boundary would be in no window at all.
-        raise InputError(f"doc_stride={doc_stride}", "must be at least 1 (consecutive windows share this many "
-                         "context tokens)", "use a positive value, e.g. 128 with max_seq_length 384")
+    """Fail early, with the fix, on settings the tokenizer would reject mid-run: each value by its
+    rule (qa.settings), then the room the longest question leaves for the context."""
+    from .settings import SETTINGS
+
+    for name, value in (("max_query_length", max_query_length), ("doc_stride", doc_stride)):
+        SETTINGS[name].check(name, value, {})
     # The longest question leaves this much room for the context.
     room = max_seq_length - max_query_length - special_tokens
     if room <= 0 or doc_stride >= room:

@@ -11,11 +11,14 @@ One deliberate difference: a question without a prediction scores 0 and still co
 denominator, in both versions. The official v1.1 script does the same, but the official v2.0
 script leaves such a question out of `total` (inflating the score), or crashes with a KeyError
 when it is needed for the HasAns/NoAns split. On a prediction file that answers every question the
-output is identical to the official scripts'.
+output is identical to the official scripts'. The `score` command says on one line how many
+questions have a prediction when some do not, and `--only_predicted` scores those only; a
+predictions file none of whose ids is a question of the dataset is an error, not an F1 of 0.
 
-Other departures do not change any number: warnings go to stderr (the official v2.0 script prints
-its "Missing prediction" notes to stdout, in the way of its JSON), bad input gives a one-line
-`error: ...` instead of a traceback, and the precision-recall plots are not produced.
+Other departures do not change any number: notes go to stderr, in one line (the official scripts
+print one "Unanswered question"/"Missing prediction" line per question, v2.0 to stdout, in the way
+of its JSON), bad input gives a one-line `error: ...` instead of a traceback, and the
+precision-recall plots are not produced.
 
 Public API: `normalize_answer`, `squad_v1_scores`, `squad_v2_scores`, `squad_scores`,
 `scores_from_examples`, `main` (the `score` command). Files are read by qa.data, the project's one
@@ -280,6 +283,9 @@ def _parser():
                         help="v2.0 only: JSON object, question id -> probability of no answer")
     parser.add_argument("--na-prob-thresh", "-t", type=float, default=1.0,
                         help='v2.0: predict "" when the no-answer probability exceeds this (default 1.0)')
+    parser.add_argument("--only_predicted", "--only-predicted", action="store_true",
+                        help="score only the questions that have a prediction (by default a question without "
+                             "one scores 0 and counts in every total)")
     return parser
 
 
@@ -318,18 +324,29 @@ def _json_type(value):
     return names.get(type(value), type(value).__name__)
 
 
-_MAX_MISSING_NOTES = 5
-
-
-def _warn_missing(qids, predictions, version_2):
+def _coverage_note(qids, predictions, args, version_2):
+    """Stop when no prediction belongs to the dataset (an F1 of 0 would be printed as if real);
+    when only some questions have a prediction, the one line that says how many (else None)."""
+    present = set(qids)
+    answered = sum(1 for qid in qids if qid in predictions)
+    extra = sum(1 for qid in predictions if qid not in present)
+    if answered == 0:
+        example = f" (e.g. {next(iter(predictions))!r} there, {qids[0]!r} here)" if predictions else ""
+        raise InputError(str(args.dataset_file), f"none of its {len(qids)} questions has a prediction in "
+                         f"{args.predictions_file}: 0 of {len(qids)} ids matched{example}",
+                         "score the predictions made for this dataset (they are keyed by its question ids)")
     missing = [qid for qid in qids if qid not in predictions]
-    for qid in missing[:_MAX_MISSING_NOTES]:
-        print(f"Unanswered question {qid} will receive score 0.", file=sys.stderr)
-    if len(missing) > _MAX_MISSING_NOTES:
-        print(f"... {len(missing) - _MAX_MISSING_NOTES} more unanswered question(s).", file=sys.stderr)
-    if missing and version_2:
-        print(f"Note: the {len(missing)} unanswered question(s) count as wrong and stay in the totals "
-              "(the official v2.0 script would drop them or crash).", file=sys.stderr)
+    notes = []
+    if missing and args.only_predicted:
+        notes.append(f"--only_predicted: scoring the {answered} of {len(qids)} questions that have a prediction")
+    elif missing:
+        notes.append(f"{answered} of {len(qids)} questions have a prediction; the {len(missing)} without one (e.g. "
+                     f"{missing[0]}) score 0 and stay in the totals"
+                     + (" (the official v2.0 script would drop them or crash)" if version_2 else "")
+                     + f"; --only_predicted scores the {answered} predicted ones only")
+    if extra:
+        notes.append(f"{extra} prediction id(s) are not questions of the dataset (ignored)")
+    return "; ".join(notes) or None
 
 
 def _score_files(args):
@@ -337,8 +354,11 @@ def _score_files(args):
     # (answer positions are not checked: the metric compares texts).
     squad = load_squad_file(args.dataset_file, check_answer_spans=False)
     questions = _flat_questions(squad.dataset)
-    qids = [qid for qid, _ in questions]
     predictions = _load_predictions(args.predictions_file)
+    note = _coverage_note([qid for qid, _ in questions], predictions, args, squad.version_2)
+    if args.only_predicted:
+        questions = [(qid, golds) for qid, golds in questions if qid in predictions]
+    qids = [qid for qid, _ in questions]
     if squad.version_2:
         na_probs = (_load_na_probs(args.na_prob_file, qids, predictions)
                     if args.na_prob_file is not None else None)
@@ -349,22 +369,20 @@ def _score_files(args):
         if squad.version is not None and squad.version != "1.1":
             print(f"Evaluation expects v-1.1, but got dataset with v-{squad.version}", file=sys.stderr)
         na_probs = None
-    _warn_missing(qids, predictions, squad.version_2)
+    if note:  # after every check of the input: an error stays the only line
+        print(note, file=sys.stderr)
     result = _scores(questions, predictions, squad.version_2, na_probs, args.na_prob_thresh)
     return json.dumps(result, indent=2) if squad.version_2 else json.dumps(result)
 
 
 @command
 def main(argv=None) -> int:
-    """`score DATASET_FILE PREDICTIONS_FILE [--na-prob-file F] [--na-prob-thresh T]`.
+    """`score DATASET_FILE PREDICTIONS_FILE [--na-prob-file F] [--na-prob-thresh T] [--only_predicted]`.
 
     Prints what the official script of the dataset's version prints; returns 0, or 2 after a
     one-line `error: ...` on stderr for bad input.
     """
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exit_:  # --help
-        return exit_.code if isinstance(exit_.code, int) else 0
+    args = _parser().parse_args(argv)  # --help: SystemExit(0), which `command` returns as 0
     print(_score_files(args))
     return 0
 

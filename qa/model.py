@@ -75,13 +75,23 @@ def build_tiny_bert(folder: Path, seed: int = 0) -> Path:
     return build_random_bert(folder, TINY_BERT_SHAPE, seed)
 
 
+def check_model_source(name: str) -> None:
+    """A bundled model this project knows, a local folder that exists, or (anything else) a Hub id:
+    checked with the other settings, before anything is built or loaded."""
+    if name.startswith("bundled:"):
+        if name not in ("bundled:minilm", "bundled:tiny-bert"):
+            raise InputError(name, "unknown bundled model", "use bundled:minilm or bundled:tiny-bert")
+    elif (name.startswith((".", "/", "~")) or os.path.isdir(name)) and not os.path.isdir(os.path.expanduser(name)):
+        raise InputError(name, "model folder does not exist",
+                         "pass a folder with config.json and weights, a Hub id, or bundled:minilm")
+
+
 def resolve_model_path(name: str, work_dir: Path) -> str:
+    check_model_source(name)
     if name == "bundled:minilm":
         return str(bundled_minilm_dir())
     if name == "bundled:tiny-bert":
         return str(build_tiny_bert(Path(work_dir) / "tiny-bert"))
-    if name.startswith("bundled:"):
-        raise InputError(name, "unknown bundled model", "use bundled:minilm or bundled:tiny-bert")
     return name
 
 
@@ -171,10 +181,6 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True):
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     path = resolve_model_path(model_args.model_name_or_path, work_dir)
-    looks_local = path.startswith((".", "/", "~")) or os.path.isdir(path)
-    if looks_local and not os.path.isdir(os.path.expanduser(path)):
-        raise InputError(path, "model folder does not exist",
-                         "pass a folder with config.json and weights, a Hub id, or bundled:minilm")
     kwargs = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
     model_kwargs = {}
     if getattr(model_args, "attn_implementation", None):
@@ -201,7 +207,7 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True):
                              "package") from None
         if isinstance(err, ImportError):
             raise
-        if looks_local:
+        if os.path.isdir(os.path.expanduser(path)):
             raise InputError(path, f"cannot load a model from this folder ({str(err).splitlines()[0]})",
                              "point --model_name_or_path at a folder saved with save_pretrained") from None
         if _offline():

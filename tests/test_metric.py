@@ -244,7 +244,9 @@ def test_cli_v1_prints_the_official_line(tmp_path, capsys, compress):
     assert out == json.dumps(squad_v1_scores(V1_DATA, V1_PREDS)) + "\n"
     assert re.fullmatch(r'\{"exact_match": [0-9.e+-]+, "f1": [0-9.e+-]+\}\n', out)
     assert json.loads(out) == pytest.approx({"exact_match": 20.0, "f1": 52.0})
-    assert "Unanswered question q5 will receive score 0." in err   # warnings on stderr only
+    # notes on stderr only, in one line: how many questions have a prediction, and the option
+    assert err == ("4 of 5 questions have a prediction; the 1 without one (e.g. q5) score 0 and stay in the "
+                   "totals; --only_predicted scores the 4 predicted ones only\n")
 
 
 def test_cli_v1_dataset_with_other_version_warns(tmp_path, capsys):
@@ -278,6 +280,44 @@ def test_cli_v2_by_version_field_without_na_probs(tmp_path, capsys):
     assert out == json.dumps(collections.OrderedDict(
         [("exact", 100.0), ("f1", 100.0), ("total", 1),
          ("HasAns_exact", 100.0), ("HasAns_f1", 100.0), ("HasAns_total", 1)]), indent=2) + "\n"
+
+
+def test_cli_predictions_for_another_dataset_are_an_error(tmp_path, capsys):
+    """Ids that match none of the dataset's questions (the predictions of another dataset, or keys
+    that are not question ids): one line naming how many matched, not an F1 of 0."""
+    data = write_json(tmp_path / "dev.json", {"version": "1.1", "data": V1_DATA})
+    for name, preds in (("other.json", {"x1": "denver", "x2": "1990"}), ("empty.json", {})):
+        code, out, err = run_cli(capsys, data, write_json(tmp_path / name, preds))
+        assert code == 2 and out == "", err
+        assert err.count("\n") == 1, err
+        assert err.startswith(f"error: {data}: none of its 5 questions has a prediction in "), err
+        assert "0 of 5 ids matched" in err and ". Fix: score the predictions made for this dataset" in err, err
+    code, _, err = run_cli(capsys, data, write_json(tmp_path / "other.json", {"x1": "denver"}))
+    assert "(e.g. 'x1' there, 'q1' here)" in err
+
+
+@pytest.mark.parametrize("version_2", [False, True], ids=["v1.1", "v2.0"])
+def test_cli_only_predicted_scores_the_predicted_questions(tmp_path, capsys, version_2):
+    """Some questions without a prediction: one line says how many; --only_predicted scores the
+    predicted ones alone, as if the dataset held only them."""
+    dataset, preds = (NA_DATA, {k: v for k, v in list(NA_PREDS.items())[:2]}) if version_2 else (V1_DATA, V1_PREDS)
+    data = write_json(tmp_path / "dev.json", {"version": "v2.0" if version_2 else "1.1", "data": dataset})
+    pred_file = write_json(tmp_path / "preds.json", {**preds, "stray": "x"})
+    total = len(flat(dataset))
+    code, out, err = run_cli(capsys, data, pred_file)
+    assert code == 0 and err.count("\n") == 1, err
+    assert err.startswith(f"{len(preds)} of {total} questions have a prediction;"), err
+    assert "1 prediction id(s) are not questions of the dataset (ignored)" in err
+    assert ("official v2.0 script would drop them" in err) == version_2
+    code, out_only, err = run_cli(capsys, data, pred_file, "--only_predicted")
+    assert code == 0 and err.count("\n") == 1
+    assert err.startswith(f"--only_predicted: scoring the {len(preds)} of {total} questions that have a prediction")
+    kept = [{**article, "paragraphs": [{**p, "qas": [qa for qa in p["qas"] if qa["id"] in preds]}
+                                       for p in article["paragraphs"]]} for article in dataset]
+    assert json.loads(out_only) == pytest.approx(dict(squad_scores(kept, preds, version_2)))
+    assert json.loads(out_only) != json.loads(out)
+    if not version_2:  # q1..q4 predicted: EM 1/4, F1 (1 + 0.8 + 0.8 + 0)/4
+        assert json.loads(out_only) == pytest.approx({"exact_match": 25.0, "f1": 65.0})
 
 
 def bad_inputs(tmp):

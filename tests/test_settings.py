@@ -1,0 +1,195 @@
+"""Every numeric and path setting is checked, by one table (qa/settings.py), right after parsing:
+an out-of-range value stops run_qa.py with one `error:` line naming the setting and the fix,
+exit 2, no traceback, and nothing written (no output folder, no environment.json, no features
+cache, no tiny-BERT build). And `--help` prints the help and exits 0."""
+import dataclasses
+import math
+import os
+import shutil
+import subprocess
+import sys
+import typing
+
+import pytest
+
+from qa.config import DATACLASSES
+from qa.errors import InputError
+from qa.settings import SETTINGS, Number, StepsOrRatio, check_settings, folder_problem
+from tests.helpers import REPO
+
+BASE = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic", "--do_train", "--do_eval",
+        "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32", "--use_cpu", "true"]
+
+
+def numeric_fields():
+    """(name, type) of every int, float or list-of-int field of the run's argument dataclasses
+    (bools excluded), read from the installed releases: a field added there or in qa/args.py
+    without a rule in qa.settings.SETTINGS fails the tests below."""
+    found = {}
+    for dtype in DATACLASSES:
+        hints = typing.get_type_hints(dtype)
+        for f in dataclasses.fields(dtype):
+            if not f.init:
+                continue
+            kinds = {a for a in typing.get_args(hints[f.name])} or {hints[f.name]}
+            kinds |= {a for k in list(kinds) for a in typing.get_args(k)}  # List[int] -> int
+            if bool in kinds or str in kinds:
+                continue
+            if kinds & {int, float}:
+                found[f.name] = hints[f.name]
+    return found
+
+
+NUMERIC = numeric_fields()
+
+
+def test_every_numeric_field_has_a_rule():
+    assert len(NUMERIC) > 40, sorted(NUMERIC)  # the walk below must really cover the dataclasses
+    assert {"per_device_train_batch_size", "learning_rate", "warmup_steps", "doc_stride", "length_buckets",
+            "profile_active", "peak_tflops", "save_total_limit", "ddp_timeout", "seed"} <= set(NUMERIC)
+    missing = sorted(set(NUMERIC) - set(SETTINGS))
+    assert not missing, f"numeric settings without a rule in qa/settings.py: {missing}"
+
+
+def _flags(name, value):
+    return [f"--{name}", *map(str, value)] if isinstance(value, list) else [f"--{name}", str(value)]
+
+
+def _tree(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", sorted(NUMERIC))
+def test_out_of_range_value_stops_before_anything_is_written(name, offline, capsys):
+    """Through run_qa.py's entry point (in-process: a fresh interpreter costs ~10 s of imports)."""
+    from run_qa import main
+
+    tmp = offline
+    bad = SETTINGS[name].outside()
+    before = _tree(tmp)
+    out = tmp / "out"
+    assert main(BASE + _flags(name, bad) + ["--features_cache_dir", str(tmp / "features"),
+                                            "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: {name}=") and ". Fix: " in lines[0], lines[0]
+    assert _tree(tmp) == before, "nothing written: no output folder, features cache or model build"
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0: must be at least 1"),
+    (["--learning_rate=-1e-5"], "learning_rate=-1e-05: must be at least 0"),
+    (["--num_train_epochs", "0"], "num_train_epochs=0: must be greater than 0"),
+    (["--warmup_steps", "1.5"], "warmup_steps=1.5: must be 0, a fraction"),
+    (["--adam_beta2", "1"], "adam_beta2=1: must be at least 0 and below 1"),
+    (["--max_steps", "0"], "max_steps=0: must be -1 or at least 1"),
+    (["--save_steps", "0"], "save_steps=0: must be a fraction"),
+    (["--eval_strategy", "steps", "--eval_steps", "2.5"], "eval_steps=2.5"),
+    (["--logging_steps", "inf"], "logging_steps=inf"),
+    (["--seed", "4294967296"], "seed=4294967296: must be a whole number from 0 to 4294967295"),
+    (["--null_score_diff_threshold", "nan"], "null_score_diff_threshold=nan: must be a finite number"),
+    (["--max_train_samples", "0"], "max_train_samples=0"),
+    (["--telemetry_window", "5:5"], "telemetry_window='5:5'"),
+    (["--profile_active", "0"], "profile_active=0"),
+    (["--train_articles", "a:b"], "--train_articles 'a:b'"),
+    (["--resume", "no-such-checkpoint"], "resume=no-such-checkpoint"),
+    (["--model_name_or_path", "bundled:huge"], "bundled:huge: unknown bundled model"),
+    (["--per_device_train_batch_size", "twelve"], "invalid int value: 'twelve'"),
+])
+def test_named_settings(flags, culprit, offline, capsys):
+    from run_qa import main
+
+    out = offline / "out"
+    assert main(BASE + flags + ["--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and culprit in err[0] and "Fix:" in err[0], err
+    assert not out.exists()
+
+
+def test_output_dir_that_cannot_be_created(offline, capsys):
+    """Under a regular file (a typo'd path, or a file where a folder was meant): refused at start."""
+    from run_qa import main
+
+    blocker = offline / "results.txt"
+    blocker.write_text("a file, not a folder")
+    for out in (blocker, blocker / "run1"):
+        assert main(BASE + ["--output_dir", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: output_dir={out}: "), err
+    assert sorted(p.name for p in offline.iterdir()) == ["results.txt"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders; the file case above runs")
+def test_read_only_output_dir(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        assert folder_problem(str(locked / "out")) == f"cannot be created: {locked} is not writable by this user"
+        assert folder_problem(str(locked)) == "is not writable by this user"
+    finally:
+        locked.chmod(0o755)
+
+
+def test_the_rules_accept_what_transformers_accepts():
+    check_settings({"warmup_steps": 0, "save_steps": 0.1, "logging_steps": 1, "eval_steps": None, "max_steps": -1,
+                    "adam_beta2": 0.999, "learning_rate": 0.0, "seed": 0, "data_seed": None, "max_grad_norm": 0,
+                    "save_total_limit": None, "length_buckets": [128, 384], "max_seq_length": 384,
+                    "doc_stride": 128, "max_query_length": 64, "telemetry_window": "2:5", "resume": "auto"})
+    assert StepsOrRatio("x", "y").outside() == 0 and math.isnan(Number("x", "y").outside())
+    with pytest.raises(InputError, match=r"^length_buckets=\[64, 256\]: bucket 256 is outside 1..max_seq_length=128"):
+        check_settings({"max_seq_length": 128, "length_buckets": [64, 256]})
+    with pytest.raises(InputError, match="doc_stride must be smaller than the context room"):
+        check_settings({"max_seq_length": 128, "doc_stride": 100, "max_query_length": 32})
+
+
+def test_through_a_real_process_and_a_config_file(tmp_path):
+    """The entry point as users run it: a config with an out-of-range value (and flags after it)."""
+    import json
+
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"model_name_or_path": "bundled:tiny-bert", "dataset_name": "synthetic",
+                                  "do_train": True, "gradient_accumulation_steps": 0, "use_cpu": True}))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), str(config), "--output_dir", str(tmp_path / "out")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: gradient_accumulation_steps=0: must be at least 1 (batches per optimizer step). Fix: use 1 or more")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.json"]
+
+
+@pytest.mark.parametrize("command", [
+    [sys.executable, str(REPO / "run_qa.py"), "--help"],
+    [sys.executable, str(REPO / "run_qa.py"), "-h"],
+    ["bert-squad-run", "--help"],
+], ids=["--help", "-h", "bert-squad-run"])
+def test_help_exits_0(command, tmp_path):
+    if command[0] == "bert-squad-run":
+        found = shutil.which("bert-squad-run") or shutil.which("bert-squad-run", path=os.path.dirname(sys.executable))
+        if found is None:
+            pytest.skip("bert-squad-run is not installed (pip install -e .)")
+        command = [found, *command[1:]]
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HOME=str(tmp_path / "hf"))
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage:") and "--output_dir" in proc.stdout and "--resume" in proc.stdout
+    assert "error" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_in_process_returns_0(capsys):
+    from run_qa import main
+
+    assert main(["--help"]) == 0
+    assert "--per_device_train_batch_size" in capsys.readouterr().out
