@@ -34,7 +34,7 @@ from qa.postprocess import PostProcessing  # noqa: E402
 from qa.preemption import EXIT_INTERRUPTED  # noqa: E402
 from qa.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
 from qa.telemetry import token_stats, train_throughput  # noqa: E402
-from trainer_qa import QuestionAnsweringTrainer, check_transformers_version  # noqa: E402
+from trainer_qa import QuestionAnsweringTrainer, check_trainer_contracts  # noqa: E402
 
 logger = logging.getLogger("run_qa")
 
@@ -59,7 +59,7 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
 
 
 def run(argv):
-    check_transformers_version()
+    check_trainer_contracts()
     model_args, data_args, run_args, training_args, explicit = parse_args(argv)
     finalize(training_args, explicit)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -85,7 +85,7 @@ STATIC_RECOMPILE_LIMIT = 64
 
 
 def configure_compile(model_args) -> dict:
-    """How the Trainer's `--torch_compile` compiles: the Trainer (transformers 5.23) hands
+    """How the Trainer's `--torch_compile` compiles: the Trainer (transformers 5.17 to 5.23) hands
     accelerate a TorchDynamoPlugin with `dynamic=None` and no regional option, and the plugin
     fills unset fields from ACCELERATE_DYNAMO_* variables, which is how these two settings
     reach it. Returns what it set. Without --torch_compile nothing reads them."""
