@@ -30,9 +30,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from run_bench import DEV_SET, dev_set  # the script beside this one
+
+from qa.errors import command
+
 REPO = Path(__file__).resolve().parents[1]
 
-DEV_SET = REPO.parent / "shared" / "data" / "squad" / "dev-v1.1.json.gz"
 SQUAD_TRAIN_QUESTIONS = 87_599
 PARAMS = dict(max_seq_length=384, doc_stride=128, max_query_length=64)
 
@@ -121,13 +124,13 @@ def markdown(r):
     return "\n".join(lines)
 
 
+@command
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dev", type=Path, default=DEV_SET)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
-    if not args.dev.exists():
-        raise SystemExit(f"dev set not found: {args.dev}")
+    args.dev = dev_set(args.dev)
 
     from transformers import AutoTokenizer
 

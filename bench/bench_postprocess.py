@@ -18,15 +18,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+from run_bench import DEV_SET, dev_set  # the script beside this one
 
 from qa.data import read_squad_file
+from qa.errors import command
 from qa.features import prepare_validation_features
 from qa.model import bundled_minilm_dir
 from qa.postprocess import postprocess_qa_predictions, postprocess_qa_predictions_reference
 
 REPO = Path(__file__).resolve().parents[1]
-
-DEV_SET = REPO.parent / "shared/data/squad/dev-v1.1.json.gz"
 
 
 def load_examples(path):
@@ -44,6 +44,7 @@ def best_of(repeat, fn, *args, **kwargs):
     return result, min(walls), min(cpus)
 
 
+@command
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dev", type=Path, default=DEV_SET, help="SQuAD v1.1 dev JSON (.gz)")
@@ -55,7 +56,7 @@ def main(argv=None):
     from transformers import AutoTokenizer
 
     t0 = time.perf_counter()
-    examples = load_examples(args.dev)
+    examples = load_examples(dev_set(args.dev))
     tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
     features = prepare_validation_features(examples, tokenizer, max_seq_length=384, doc_stride=128,
                                            max_query_length=64, pad_to_max_length=True)

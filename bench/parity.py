@@ -30,7 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from run_bench import DEV_SET, RESULTS, REFERENCE, _slug, to_flags, variant_settings  # the script beside this one
+from run_bench import DEV_SET, RESULTS, REFERENCE, _slug, dev_set, to_flags, variant_settings  # the script beside this one
+
+from qa.errors import command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,6 +120,7 @@ def markdown(report):
     return "\n".join(lines)
 
 
+@command
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="gpu")
@@ -135,8 +138,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=RESULTS / "tmp" / "parity")
     args = parser.parse_args(argv)
-    if not args.dev.exists():
-        raise SystemExit(f"the SQuAD v1.1 dev set is needed: not found at {args.dev}")
+    args.dev = dev_set(args.dev)
     size = dict(SIZES[args.size])
     for key in ("epochs", "train_articles", "validation_articles"):
         if getattr(args, key) is not None:

@@ -150,12 +150,17 @@ def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
 
 def peak_flops(device_name, precision, override_tflops=None):
     """-> (peak FLOP/s or None, where the figure comes from). `override_tflops` (--peak_tflops)
-    wins; a CPU (device_name None) has no entry: MFU is then null unless overridden."""
+    wins; a CPU (device_name None) has no entry: MFU is then null unless overridden. So is a MIG
+    slice ('NVIDIA H100 80GB HBM3 MIG 1g.10gb'): it has a fraction of the card's units, and
+    the card's peak would understate its MFU by that fraction."""
     if override_tflops:
         return override_tflops * 1e12, f"--peak_tflops {override_tflops:g}"
     if not device_name:
         return None, "no peak for a CPU (pass --peak_tflops)"
     name = device_name.lower()
+    if re.search(r"\bmig\b", name):
+        return None, (f"{device_name!r} is a MIG slice of a GPU, whose share of the card's peak is not known "
+                      "(pass --peak_tflops)")
     for pattern, label, peaks in PEAK_TFLOPS:
         if re.search(pattern, name):
             if precision in peaks:

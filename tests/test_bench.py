@@ -74,3 +74,19 @@ def test_markdown_names_device_versions_command(report):
         assert f"| {name} |" in md
     if not r["gpu_available"]:
         assert "no GPU was available" in md
+
+
+@pytest.mark.parametrize("script, option", [("run_bench.py", "--train_file"), ("parity.py", "--dev"),
+                                            ("bench_features.py", "--dev"), ("bench_postprocess.py", "--dev")])
+def test_a_missing_dev_set_is_one_line_not_a_substitute(script, option, tmp_path):
+    """No generated data stands in for a dev set that is not there (run_bench.py takes it only
+    when asked by name, --dataset_name synthetic), and no traceback: one line, exit 2."""
+    missing = tmp_path / "dev-v1.1.json"
+    out = [] if script == "bench_postprocess.py" else ["--out", str(tmp_path / "results")]  # it prints its result
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), option, str(missing), *out], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HOME=str(tmp_path / "hf")))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {option} {missing}: "), lines
+    assert "Fix:" in lines[0] and ("--dataset_name synthetic" in lines[0]) == (script == "run_bench.py")
+    assert not (tmp_path / "results").exists()

@@ -110,7 +110,20 @@ def test_peak_table():
     value, why = peak_flops(None, "fp32")
     assert value is None and "--peak_tflops" in why  # CPU: MFU null unless given
     assert peak_flops(None, "fp32", override_tflops=2.5) == (2.5e12, "--peak_tflops 2.5")
-    assert peak_flops("Some Future GPU", "bf16")[0] is None
+    value, why = peak_flops("Some Future GPU", "bf16")
+    assert value is None and "Some Future GPU" in why and "--peak_tflops" in why
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 80GB HBM3 MIG 1g.10gb", "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                                  "NVIDIA H200 MIG 7g.141gb"])
+def test_a_mig_slice_has_no_peak(name):
+    """A MIG slice has a fraction of the card's units: the full card's peak would make its MFU
+    look several times lower than it is. Null, with the reason, unless --peak_tflops is given."""
+    from qa.telemetry import peak_flops
+
+    value, why = peak_flops(name, "bf16")
+    assert value is None and "MIG slice" in why and "--peak_tflops" in why
+    assert peak_flops(name, "bf16", override_tflops=140) == (140e12, "--peak_tflops 140")
 
 
 def test_matmul_precision():
