@@ -75,7 +75,7 @@ def run(argv):
     raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
     cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
     set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
-    model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root)
+    model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, compile=training_args.torch_compile)
     check_model_and_tokenizer(model, tokenizer, data_args)
     checkpoint = find_checkpoint(training_args.output_dir, run_args.resume) if training_args.do_train else None
     return _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args,

@@ -117,6 +117,17 @@ class RunArguments:
         metadata={"help": "'START:STOP' optimizer steps: synchronise the device at the end of steps START and STOP "
                   "and report the steps between apart (train_window_* in train_results.json: seconds, samples/s, "
                   "real tokens/s, MFU), e.g. after warm-up and compilation; bench/run_bench.py uses it."})
+    telemetry_window_min_s: Optional[float] = field(
+        default=None,
+        metadata={"help": "With --telemetry_window: keep the window open past STOP until it has lasted at least this "
+                  "many seconds (read at step ends), then stop training: a window long enough to read reliably "
+                  "whatever the device's speed (set --max_steps high enough for it); bench/run_bench.py uses it."})
+    compile_warmup: bool = field(
+        default=False,
+        metadata={"help": "With --torch_compile: before the first step, run forward + backward once for every batch "
+                  "shape training will produce (each padded width the collator makes from the training features, "
+                  "full and last smaller batch), with gradients cleared and random generators put back, so that "
+                  "no compilation happens later in training (e.g. inside a benchmark's timed window)."})
     profile: bool = field(
         default=False,
         metadata={"help": "Profile a few training steps with torch.profiler (rank 0 only): operator table, "
@@ -170,6 +181,9 @@ class RunArguments:
             if start is None or not 1 <= start < stop:
                 raise ValueError(f"--telemetry_window {self.telemetry_window!r} must be 'START:STOP' with "
                                  "1 <= START < STOP (optimizer steps; the window opens at the end of step START)")
+        if self.telemetry_window_min_s is not None and (self.telemetry_window is None or self.telemetry_window_min_s <= 0):
+            raise ValueError(f"--telemetry_window_min_s {self.telemetry_window_min_s} needs --telemetry_window and a "
+                             "positive number of seconds")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ValueError(f"--peak_tflops must be positive, not {self.peak_tflops}")
         if self.profile_wait < 0 or self.profile_warmup < 0 or self.profile_repeat < 0 or self.profile_active < 1:

@@ -109,7 +109,11 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
-def load_model_and_tokenizer(model_args, work_dir: Path):
+def load_model_and_tokenizer(model_args, work_dir: Path, compile: bool = False):
+    """The model and its tokenizer. `compile` (the run's --torch_compile): a model on sdpa
+    attention is switched to qa.attention's sdpa_with_mask, so that its compiled layers see an
+    attention mask in every batch (transformers passes none for a batch without padding, and the
+    compiled layers would recompile on it, whenever such a batch comes)."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     path = resolve_model_path(model_args.model_name_or_path, work_dir)
@@ -146,6 +150,10 @@ def load_model_and_tokenizer(model_args, work_dir: Path):
     if not getattr(tokenizer, "is_fast", False):
         raise InputError(path, "the tokenizer is not a fast tokenizer (offsets are needed)",
                          "use a model that ships tokenizer.json")
+    if compile:
+        from .attention import keep_mask_when_compiled
+
+        keep_mask_when_compiled(model)
     return model, tokenizer
 
 

@@ -51,6 +51,9 @@ def test_values_are_sane(report):
         if not r["gpu_available"]:
             assert v["mfu_real"] is None and v["peak_memory_gib"] is None and v["peak_rss_gib"] > 0, name
     assert set(r["ratios"]) == {"fast/reference", "fast/reference_bf16"}
+    for name, v in r["variants"].items():  # counted for every variant and repeat: nothing compiles here
+        assert v["compiles_in_window"] == 0 and v["repeat_compiles_in_window"] == [0], name
+    assert not any(pair["compiled_in_window"] for pair in r["ratios"].values())
     ratio = r["ratios"]["fast/reference"]["samples_per_second"]
     assert ratio == pytest.approx(r["variants"]["fast"]["samples_per_second"]
                                   / r["variants"]["reference"]["samples_per_second"], rel=1e-2)
@@ -90,3 +93,45 @@ def test_a_missing_dev_set_is_one_line_not_a_substitute(script, option, tmp_path
     assert len(lines) == 1 and lines[0].startswith(f"error: {option} {missing}: "), lines
     assert "Fix:" in lines[0] and ("--dataset_name synthetic" in lines[0]) == (script == "run_bench.py")
     assert not (tmp_path / "results").exists()
+
+
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_bench", REPO / "bench" / "run_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_window_with_compilations_is_marked_and_its_ratios_left_out(report):
+    """The Markdown of the fixture's report, with the fast variant's window made to hold two
+    compilations: the row is marked, its ratios are not printed as results, nor flagged as such
+    in the JSON; the clean variants keep theirs."""
+    import copy
+
+    bench = _bench_module()
+    r, md = report
+    assert "compiles in window" in md and "no result" not in md and "Not results" not in md
+    compiled = copy.deepcopy(r)
+    compiled["variants"]["fast"]["compiles_in_window"] = 2
+    compiled["ratios"] = bench.ratios(compiled["variants"])
+    assert compiled["ratios"]["fast/reference"]["compiled_in_window"] is True
+    text = bench.markdown(compiled)
+    row = next(line for line in text.splitlines() if line.startswith("| **fast**"))
+    assert "(compiled in its window)" in row and row.count("no result (compiled in window)") == 2
+    assert "x" not in row.rsplit("|", 3)[1] and "**Not results: fast.**" in text
+    reference_row = next(line for line in text.splitlines() if line.startswith("| reference |"))
+    assert "compiled" not in reference_row
+
+
+def test_the_reported_run_is_the_median_of_those_that_compiled_nothing():
+    bench = _bench_module()
+
+    def run(rate, compiles):
+        return {"results": {"train_window_samples": rate, "train_window_seconds": 1.0, "train_window_compiles": compiles}}
+
+    assert bench.median_run([run(10, 0), run(30, 0), run(20, 0)]) == (2, "median of all runs")
+    pick, why = bench.median_run([run(10, 0), run(99, 3), run(20, 0), run(15, 0)])
+    assert pick == 3 and "3 of 4" in why  # 99 samples/s compiled: not among the candidates
+    assert bench.median_run([run(10, 1), run(30, 2), run(20, 1)])[0] == 2  # all compiled: marked in the report
