@@ -164,6 +164,12 @@ class RunArguments:
                   "their --signal warning), every rank finishes the current optimizer step, a checkpoint "
                   "of that step is saved, and the run exits with status 143 without evaluating; "
                   "--resume auto continues from it. False: SIGTERM ends the process at once."})
+    preemption_check_steps: int = field(
+        default=10,
+        metadata={"help": "With --checkpoint_on_sigterm in a distributed run: the ranks agree whether any of them got "
+                  "SIGTERM every this many optimizer steps (a small all-reduce started at one step's end and read at "
+                  "the next one's, so no step waits for it); the run stops at most this many + 1 steps after the "
+                  "signal. One process checks at every step at no cost."})
 
     def timed_steps(self) -> Optional[Tuple[int, int]]:
         """--telemetry_window as (start, stop), or None."""
@@ -184,6 +190,8 @@ class RunArguments:
         if self.telemetry_window_min_s is not None and (self.telemetry_window is None or self.telemetry_window_min_s <= 0):
             raise ValueError(f"--telemetry_window_min_s {self.telemetry_window_min_s} needs --telemetry_window and a "
                              "positive number of seconds")
+        if self.preemption_check_steps < 1:
+            raise ValueError(f"--preemption_check_steps must be at least 1, not {self.preemption_check_steps}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ValueError(f"--peak_tflops must be positive, not {self.peak_tflops}")
         if self.profile_wait < 0 or self.profile_warmup < 0 or self.profile_repeat < 0 or self.profile_active < 1:

@@ -348,7 +348,8 @@ class RunCallbacks:
             self.telemetry = TelemetryCallback(peak_tflops=run_args.peak_tflops, overhead_sources=overhead,
                                                timed_steps=run_args.timed_steps(),
                                                window_min_s=run_args.telemetry_window_min_s)
-        self.preemption = CheckpointOnSignalCallback() if run_args.checkpoint_on_sigterm else None
+        self.preemption = (CheckpointOnSignalCallback(run_args.preemption_check_steps)
+                           if run_args.checkpoint_on_sigterm else None)
 
     @property
     def callbacks(self) -> list:

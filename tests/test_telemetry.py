@@ -328,12 +328,13 @@ def test_run_callbacks_follow_the_arguments():
     training_args = SimpleNamespace(output_dir="x")
     kinds = [type(c) for c in RunCallbacks(RunArguments(profile=True), training_args).callbacks]
     assert kinds == [TelemetryCallback, ProfilerCallback, CheckpointOnSignalCallback, CommunicationCallback]
-    compiled = RunCallbacks(RunArguments(compile_warmup=True),
+    compiled = RunCallbacks(RunArguments(compile_warmup=True, preemption_check_steps=4),
                             SimpleNamespace(output_dir="x", torch_compile=True))
     assert [type(c) for c in compiled.callbacks] == [TelemetryCallback, CheckpointOnSignalCallback,
                                                      CompileWarmupCallback, CommunicationCallback]
     # their time before the first step is set aside from its data time
     assert compiled.telemetry.overhead_sources == [compiled.warmup, compiled.communication]
+    assert compiled.preemption.check_steps == 4
     uncompiled = RunCallbacks(RunArguments(compile_warmup=True), SimpleNamespace(output_dir="x", torch_compile=False))
     assert uncompiled.warmup is None  # nothing to warm up
     fewest = RunCallbacks(RunArguments(telemetry=False, checkpoint_on_sigterm=False), training_args)
