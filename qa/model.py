@@ -102,6 +102,13 @@ def configure_compile(model_args) -> dict:
         import torch._dynamo
 
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
+    else:
+        import torch.fx.experimental._config as shapes
+
+        # Sizes that happen to be equal when a graph is traced (a 48-token batch of 48 features, a
+        # batch as wide as the hidden size) would otherwise share one symbol, and the graph would
+        # recompile at the next batch where they differ (torch's "duck sizing").
+        shapes.use_duck_shape = False
     return settings
 
 

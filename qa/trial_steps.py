@@ -11,9 +11,11 @@ Nothing is stepped; gradients are cleared and every random generator is put back
 Compile warm-up (`--compile_warmup`): a compiled model compiles a graph for each batch shape it
 has not met (static shapes: every padded width, and the last, smaller batch of an epoch;
 symbolic shapes: the few specialisations torch makes), at the step that first brings it, which
-can be long after the start (a width met first at step 100 of a benchmark's timed window). The
-warm-up runs one batch of every shape the run's collator will produce, taken from the training
-features, before the first step, so that training compiles nothing more.
+can be long after the start (a width met first at step 100 of a benchmark's timed window; with
+symbolic lengths, a batch whose size crosses a threshold a compiled kernel chose on, such as
+batch x width <= 4096 on a CPU). The warm-up runs one batch of every shape the run's collator
+will produce, taken from the training features, before the first step, so that training
+compiles nothing more.
 """
 import contextlib
 import inspect
@@ -27,6 +29,7 @@ import torch
 from transformers import TrainerCallback
 
 from .collate import feature_lengths
+from .telemetry import compile_delta, compile_stats
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ class CompileWarmupCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer = self.trainer
-        started = time.perf_counter()
+        started, before = time.perf_counter(), compile_stats()
         shapes = training_shapes(trainer)
         model = trainer.model_wrapped
         with rng_kept():
@@ -120,9 +123,13 @@ class CompileWarmupCallback(TrainerCallback):
                 forward_backward(trainer, model, collate_rows(trainer, rows))
             model.zero_grad(set_to_none=True)
         self.overhead_s = time.perf_counter() - started
+        compiled = compile_delta(before, compile_stats())
         self.record = {"compile_warmup_shapes": [[len(rows), width] for width, rows in shapes],
-                       "compile_warmup_s": round(self.overhead_s, 3)}
-        logger.info("compile warm-up: %d batch shapes (batch x width) in %.1f s", len(shapes), self.overhead_s)
+                       "compile_warmup_s": round(self.overhead_s, 3),
+                       "compile_warmup_compiles": compiled.get("compiles"),
+                       "compile_warmup_recompiles": compiled.get("recompiles")}
+        logger.info("compile warm-up: %d batch shapes (batch x width) in %.1f s, %s compilations", len(shapes),
+                    self.overhead_s, compiled.get("compiles"))
 
     def summary(self) -> dict:
         """For train_results.json: the shapes warmed up and the time it took."""
