@@ -96,6 +96,17 @@ def dev_set(path, option: str = "--dev", synthetic: bool = False) -> Path:
                      f"https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v1.1.json){instead}")
 
 
+def data_source(path) -> str:
+    """The training data as a report names it: the file's name and the start of its SHA-256 (the
+    same data wherever it lies; the folder is this machine's business), or 'synthetic'."""
+    if path is None:
+        return "synthetic"
+    import hashlib
+
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    return f"{Path(path).name} (sha256 {digest}...)"
+
+
 def fast_switches() -> dict:
     config = json.loads(FAST_CONFIG.read_text())
     return {k: v for k, v in config.items() if k not in JOB_KEYS}
@@ -510,7 +521,7 @@ def main(argv=None):
         "git_commit": env.get("git_commit"),
         "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
         "model": {**model_of(first["results"]), "random_init": True},
-        "data": {"source": str(args.train_file) if args.train_file else "synthetic",
+        "data": {"source": data_source(args.train_file),
                  "max_seq_length": size["max_seq_length"], "doc_stride": size["doc_stride"],
                  "max_query_length": size["max_query_length"],
                  **summaries[next(iter(summaries))]["data"]},

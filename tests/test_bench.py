@@ -35,6 +35,10 @@ def test_report_has_every_variant_and_field(report):
         assert key in r, key
     assert r["size"] == "cpu" and r["versions"]["torch"] and r["versions"]["transformers"]
     assert r["command"].startswith("python bench/run_bench.py --size cpu")
+    # the data named by file and content, not by where it lies on the machine that ran it
+    source = r["data"]["source"]
+    assert source == "synthetic" if not DEV_SET.exists() else (source.startswith("dev-v1.1.json.gz (sha256 ")
+                                                               and "/" not in source)
     for name, v in r["variants"].items():
         for key in VARIANT_FIELDS:
             assert key in v, (name, key)
