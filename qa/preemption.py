@@ -74,7 +74,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
                            "(its ranks checkpoint independently, which can hang DDP/FSDP)")
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handler)
-        if _distributed():
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
             # One line per rank (warning: the level other ranks log at), so a job log shows who joined.
             logger.warning("rank %d of %d (%s backend) on %s, pid %d: training from step %d; SIGTERM saves a "
                            "checkpoint", torch.distributed.get_rank(), torch.distributed.get_world_size(),
