@@ -69,7 +69,8 @@ def trainer_contracts(trainer_cls=Trainer) -> list:
          _params(t._save_checkpoint)[1:] == ["model", "trial"] and _uses(t._save_checkpoint, "rotate_checkpoints(")
          and _uses(t._save_checkpoint, "self.args.save_total_limit")),
         ("Trainer._get_output_dir(trial)", _params(t._get_output_dir)[1:] == ["trial"]),
-        ("Trainer.save_model(output_dir, _internal_call)", _params(t.save_model)[1:3] == ["output_dir", "_internal_call"]),
+        ("Trainer.save_model(output_dir, _internal_call)",
+         _params(t.save_model)[1:3] == ["output_dir", "_internal_call"]),
         ("Trainer.evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)",
          _params(t.evaluation_loop)[1:6] == ["dataloader", "description", "prediction_loss_only", "ignore_keys",
                                              "metric_key_prefix"]),

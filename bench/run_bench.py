@@ -404,7 +404,8 @@ def markdown(report: dict) -> str:
                if report.get("window", {}).get("min_s") else "") +
               "; the device is synchronised at both ends, and torch's compile counters are read there: a window "
               "with compilations is marked and its ratios are not reported. A compiled variant runs one batch of "
-              "every shape before its first step (--compile_warmup). Projection: 2 epochs x " + (next(iter(v.values()))['projection_basis']) +
+              "every shape before its first step (--compile_warmup). Projection: 2 epochs x " +
+              next(iter(v.values()))['projection_basis'] +
               " x mean real tokens / real tokens per second; start-up, compilation and evaluation not included "
               "(see the warm-up column and the JSON for those).",
               "- MFU counts 6 x non-embedding parameters FLOPs per real token (attention scores excluded: "

@@ -187,7 +187,8 @@ class RunArguments:
             if start is None or not 1 <= start < stop:
                 raise ValueError(f"--telemetry_window {self.telemetry_window!r} must be 'START:STOP' with "
                                  "1 <= START < STOP (optimizer steps; the window opens at the end of step START)")
-        if self.telemetry_window_min_s is not None and (self.telemetry_window is None or self.telemetry_window_min_s <= 0):
+        min_s = self.telemetry_window_min_s
+        if min_s is not None and (self.telemetry_window is None or min_s <= 0):
             raise ValueError(f"--telemetry_window_min_s {self.telemetry_window_min_s} needs --telemetry_window and a "
                              "positive number of seconds")
         if self.preemption_check_steps < 1:

@@ -91,7 +91,8 @@ def test_a_missing_dev_set_is_one_line_not_a_substitute(script, option, tmp_path
     missing = tmp_path / "dev-v1.1.json"
     out = [] if script == "bench_postprocess.py" else ["--out", str(tmp_path / "results")]  # it prints its result
     proc = subprocess.run([sys.executable, str(REPO / "bench" / script), option, str(missing), *out], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HOME=str(tmp_path / "hf")))
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, HF_HOME=str(tmp_path / "hf")))
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {option} {missing}: "), lines
@@ -133,7 +134,8 @@ def test_the_reported_run_is_the_median_of_those_that_compiled_nothing():
     bench = _bench_module()
 
     def run(rate, compiles):
-        return {"results": {"train_window_samples": rate, "train_window_seconds": 1.0, "train_window_compiles": compiles}}
+        return {"results": {"train_window_samples": rate, "train_window_seconds": 1.0,
+                            "train_window_compiles": compiles}}
 
     assert bench.median_run([run(10, 0), run(30, 0), run(20, 0)]) == (2, "median of all runs")
     pick, why = bench.median_run([run(10, 0), run(99, 3), run(20, 0), run(15, 0)])

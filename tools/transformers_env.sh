@@ -19,7 +19,8 @@ dir=$(realpath -m "$1") version=${2:-5.17.0} hub=${3:-1.33.0}
 base=${PYTHON:-python}
 py=$dir/bin/python
 
-have=$("$py" -c 'import transformers, huggingface_hub as h; print(transformers.__version__, h.__version__)' 2>/dev/null || true)
+versions='import transformers, huggingface_hub as h; print(transformers.__version__, h.__version__)'
+have=$("$py" -c "$versions" 2>/dev/null || true)
 if [[ $have == "$version $hub" ]]; then
   echo "$py"
   exit 0
@@ -37,7 +38,7 @@ printf 'import site; site.addsitedir(%s)\n' "'$base_site'" >"$own_site/project-e
 "$base" -m pip --python "$py" install --quiet --disable-pip-version-check \
   "transformers==$version" "huggingface_hub==$hub" ||
   die "pip could not install transformers==$version with huggingface_hub==$hub (see above)"
-have=$("$py" -c 'import transformers, huggingface_hub as h; print(transformers.__version__, h.__version__)') ||
+have=$("$py" -c "$versions") ||
   die "transformers $version does not import in $dir (see above)"
 [[ $have == "$version $hub" ]] || die "$dir has transformers and huggingface_hub $have, not $version $hub"
 echo "$py"
