@@ -36,7 +36,7 @@ from qa.ranks import on_main_rank  # noqa: E402
 from qa.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
 from qa.runlock import RunLock  # noqa: E402
 from qa.telemetry import token_stats, train_throughput  # noqa: E402
-from trainer_qa import QuestionAnsweringTrainer, check_transformers_version  # noqa: E402
+from trainer_qa import QuestionAnsweringTrainer, check_trainer_contracts  # noqa: E402
 
 logger = logging.getLogger("run_qa")
 
@@ -61,7 +61,7 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
 
 
 def run(argv):
-    check_transformers_version()
+    check_trainer_contracts()
     model_args, data_args, run_args, training_args, explicit = parse_args(argv)  # every setting checked
     # Reading should_log sets up the devices and, in a distributed run, the process group that
     # on_main_rank below needs. Logging is configured first so that finalize's notes are shown.
@@ -84,7 +84,8 @@ def run(argv):
         cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
         set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
         model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root,
-                                                    training=training_args.do_train)
+                                                    training=training_args.do_train,
+                                                    compile=training_args.torch_compile)
         check_model_and_tokenizer(model, tokenizer, data_args)
         checkpoint = None
         if training_args.do_train:  # chosen, verified, and damaged ones moved aside, once for all ranks

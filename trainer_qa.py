@@ -8,6 +8,7 @@ gathered logits and so ends with the same metrics: `load_best_model_at_end` with
 alone leaves the other ranks without `eval_f1` (the failure of the well-known example).
 Only the main process writes prediction files.
 """
+import inspect
 import logging
 import math
 import os
@@ -16,9 +17,10 @@ import time
 
 import transformers
 from torch.utils.data import SequentialSampler
-from transformers import Trainer
+from transformers import Trainer, TrainingArguments
 from transformers.trainer_pt_utils import LengthGroupedSampler
-from transformers.trainer_utils import has_length, rotate_checkpoints, speed_metrics
+from transformers.trainer_utils import (EvalLoopOutput, TrainerMemoryTracker, has_length, rotate_checkpoints,
+                                        speed_metrics)
 
 from qa.checkpoints import COMPLETE_MARKER, write_marker
 from qa.errors import InputError
@@ -28,19 +30,78 @@ from qa.postprocess import PostProcessing
 
 logger = logging.getLogger(__name__)
 
-# The overrides below of Trainer internals (_get_train_sampler, _get_eval_sampler,
-# _save_checkpoint, and the evaluation_loop/_memory_tracker they call) follow transformers'
-# code of this release; another release may call them differently without any error.
-WRITTEN_FOR_TRANSFORMERS = "5.23"
+# The releases this file was run against (tests/test_transformers_range.py runs the oldest; the
+# suite runs the newest, requirements.txt's pin).
+TESTED_TRANSFORMERS = ("5.17", "5.23")
 
 
-def check_transformers_version(version: str = transformers.__version__) -> None:
-    if version.split(".")[:2] != WRITTEN_FOR_TRANSFORMERS.split("."):
+def _params(fn) -> list:
+    return list(inspect.signature(fn).parameters)
+
+
+def _uses(fn, text: str) -> bool:
+    """Whether `fn`'s source contains `text`: the Trainer still reaches the internal that an
+    override below replaces (`self._get_train_sampler`), or reads the setting it relies on."""
+    try:
+        return text in inspect.getsource(fn)
+    except (OSError, TypeError):  # no source (a compiled or generated function): cannot vouch for it
+        return False
+
+
+def trainer_contracts(trainer_cls=Trainer) -> list:
+    """What QuestionAnsweringTrainer relies on in transformers' Trainer, as (what, holds) pairs.
+
+    The overrides below replace or call Trainer internals (_get_train_sampler, _get_eval_sampler,
+    _save_checkpoint, evaluation_loop, _memory_tracker, log): a release that renamed one, changed
+    its parameters, or stopped calling it would run without any error and silently lose what the
+    override does (the length column, the evaluation order, the completion marker). Each entry
+    checks one such fact, read from the installed classes and functions; none builds a model."""
+    t, args = trainer_cls, TrainingArguments.__dataclass_fields__
+    return [
+        ("Trainer.log(logs, start_time)", _params(t.log)[1:3] == ["logs", "start_time"]),
+        ("Trainer._get_train_sampler(train_dataset), called by get_train_dataloader",
+         _params(t._get_train_sampler)[1:] == ["train_dataset"]
+         and _uses(t.get_train_dataloader, "self._get_train_sampler")),
+        ("Trainer._get_eval_sampler(eval_dataset), called by get_eval_dataloader and get_test_dataloader",
+         _params(t._get_eval_sampler)[1:] == ["eval_dataset"]
+         and _uses(t.get_eval_dataloader, "self._get_eval_sampler")
+         and _uses(t.get_test_dataloader, "self._get_eval_sampler")),
+        ("Trainer._save_checkpoint(model, trial), rotating by args.save_total_limit",
+         _params(t._save_checkpoint)[1:] == ["model", "trial"] and _uses(t._save_checkpoint, "rotate_checkpoints(")
+         and _uses(t._save_checkpoint, "self.args.save_total_limit")),
+        ("Trainer._get_output_dir(trial)", _params(t._get_output_dir)[1:] == ["trial"]),
+        ("Trainer.save_model(output_dir, _internal_call)",
+         _params(t.save_model)[1:3] == ["output_dir", "_internal_call"]),
+        ("Trainer.evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)",
+         _params(t.evaluation_loop)[1:6] == ["dataloader", "description", "prediction_loss_only", "ignore_keys",
+                                             "metric_key_prefix"]),
+        ("EvalLoopOutput with predictions, metrics, num_samples",
+         {"predictions", "metrics", "num_samples"} <= set(EvalLoopOutput._fields)),
+        ("Trainer._memory_tracker, a TrainerMemoryTracker with start() and stop_and_update_metrics(metrics)",
+         _uses(t.__init__, "self._memory_tracker = TrainerMemoryTracker(")
+         and _params(TrainerMemoryTracker.stop_and_update_metrics)[1:] == ["metrics"]
+         and hasattr(TrainerMemoryTracker, "start")),
+        ("rotate_checkpoints(output_dir, save_total_limit, best_model_checkpoint, use_mtime)",
+         {"output_dir", "save_total_limit", "best_model_checkpoint", "use_mtime"} <= set(_params(rotate_checkpoints))),
+        ("speed_metrics(split, start_time, num_samples, num_steps)",
+         _params(speed_metrics)[:4] == ["split", "start_time", "num_samples", "num_steps"]),
+        ("LengthGroupedSampler(batch_size, lengths=...)",
+         {"batch_size", "lengths"} <= set(_params(LengthGroupedSampler.__init__))),
+        ("TrainingArguments.train_sampling_strategy, length_column_name, save_total_limit",
+         {"train_sampling_strategy", "length_column_name", "save_total_limit"} <= set(args)),
+    ]
+
+
+def check_trainer_contracts(trainer_cls=Trainer, version: str = transformers.__version__) -> None:
+    """Stops at start-up, with one line, when the installed transformers breaks what the
+    overrides rely on (see trainer_contracts); any release that keeps it runs."""
+    broken = [what for what, holds in trainer_contracts(trainer_cls) if not holds]
+    if broken:
+        low, high = TESTED_TRANSFORMERS
         raise InputError(f"transformers {version}",
-                         f"trainer_qa.py overrides Trainer internals written for transformers "
-                         f"{WRITTEN_FOR_TRANSFORMERS}.x, which another release may use differently",
-                         f"pip install transformers=={WRITTEN_FOR_TRANSFORMERS}.0 (requirements.txt; "
-                         "setup_bert.sh installs it)")
+                         f"trainer_qa.py relies on Trainer internals this release changed: {'; '.join(broken)}",
+                         f"install a release from the tested range {low} to {high} (requirements.txt pins "
+                         f"{high}; setup_bert.sh installs it)")
 
 
 class QuestionAnsweringTrainer(Trainer):
@@ -64,7 +125,7 @@ class QuestionAnsweringTrainer(Trainer):
         super().log(logs, start_time)
 
     def _get_train_sampler(self, train_dataset=None):
-        # transformers 5.23 builds the sampler from the dataset *after* removing the columns the
+        # transformers (5.17 to 5.23) builds the sampler from the dataset *after* removing the columns the
         # model does not take, so a precomputed `length` column is gone by then and it would read
         # every row to measure input_ids; read the column from the full dataset instead.
         dataset = self.train_dataset
@@ -78,7 +139,7 @@ class QuestionAnsweringTrainer(Trainer):
 
     def _get_eval_sampler(self, eval_dataset):
         # Post-processing pairs the i-th row of logits with the i-th feature, so evaluation and
-        # prediction keep the dataset's order. (transformers 5.23 applies a length-grouped,
+        # prediction keep the dataset's order. (transformers 5.17-5.23 apply a length-grouped,
         # shuffled sampler to evaluation too when train_sampling_strategy="group_by_length".)
         if eval_dataset is None or not has_length(eval_dataset):
             return None

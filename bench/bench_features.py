@@ -30,12 +30,13 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from qa.data import require_squad_dev, squad_dev_path
+from run_bench import DEV_SET  # the script beside this one
+
+from qa.data import require_squad_dev
 from qa.errors import command
 
 REPO = Path(__file__).resolve().parents[1]
 
-DEV_SET = squad_dev_path()  # $SQUAD_DEV, or ../shared/data/squad/dev-v1.1.json.gz beside the repository
 SQUAD_TRAIN_QUESTIONS = 87_599
 PARAMS = dict(max_seq_length=384, doc_stride=128, max_query_length=64)
 
@@ -130,7 +131,7 @@ def main(argv=None):
     parser.add_argument("--dev", type=Path, default=DEV_SET)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
-    require_squad_dev(args.dev)
+    args.dev = require_squad_dev(args.dev)
 
     from transformers import AutoTokenizer
 

@@ -18,16 +18,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+from run_bench import DEV_SET  # the script beside this one
 
-from qa.data import read_squad_file, require_squad_dev, squad_dev_path
+from qa.data import read_squad_file, require_squad_dev
 from qa.errors import command
 from qa.features import prepare_validation_features
 from qa.model import bundled_minilm_dir
 from qa.postprocess import postprocess_qa_predictions, postprocess_qa_predictions_reference
 
 REPO = Path(__file__).resolve().parents[1]
-
-DEV_SET = squad_dev_path()  # $SQUAD_DEV, or ../shared/data/squad/dev-v1.1.json.gz beside the repository
 
 
 def load_examples(path):

@@ -30,9 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+from run_bench import DEV_SET, RESULTS, REFERENCE, _slug, to_flags, variant_settings  # the script beside this one
+
 from qa.data import require_squad_dev
 from qa.errors import command
-from run_bench import DEV_SET, RESULTS, REFERENCE, _slug, to_flags, variant_settings  # the script beside this one
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,7 +139,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=RESULTS / "tmp" / "parity")
     args = parser.parse_args(argv)
-    require_squad_dev(args.dev)
+    args.dev = require_squad_dev(args.dev)
     size = dict(SIZES[args.size])
     for key in ("epochs", "train_articles", "validation_articles"):
         if getattr(args, key) is not None:

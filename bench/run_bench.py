@@ -21,7 +21,11 @@ window (`--telemetry_window`) gives the counts and seconds compared here):
 The model is randomly initialised (the bert-base shape costs exactly what the pretrained model
 costs; no download). Each variant trains WARMUP steps (compilation, DataLoader start-up, cuDNN
 and allocator warm-up), then a timed window of steps that covers the same number of samples
-for every variant. Reported per variant: samples/s (features = windows, as the Trainer
+for every variant, and lasts at least `window_min_s` seconds where the size sets one (GPU: 20 s;
+a faster variant's window then holds more samples). A compiled variant compiles every batch
+shape before its first step (--compile_warmup); the compilations that happen inside a window
+anyway are counted (`compiles_in_window`, per variant and per repeat) and such a window is
+marked, its ratios not reported. Reported per variant: samples/s (features = windows, as the Trainer
 counts), real (non-padding) tokens/s, MFU on real tokens (6 x non-embedding parameters FLOPs
 per real token, the issue's definition, against the device's dense bf16 peak for every variant,
 one yardstick; null on a CPU unless --peak_tflops), peak memory, the projected time of 2 epochs
@@ -42,7 +46,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from qa.config import to_flags  # noqa: F401  (re-exported for parity.py)
-from qa.data import squad_dev_path
+from qa.data import require_squad_dev, squad_dev_path
+from qa.errors import command
 from qa.model import build_random_bert
 from qa.telemetry import mfu, model_flops, peak_flops
 
@@ -56,14 +61,20 @@ SQUAD_TRAIN_QUESTIONS = 87_599
 SQUAD_TRAIN_FEATURES_384 = 88_524  # at max_seq_length 384, doc_stride 128, bert-base-uncased vocabulary
 EPOCHS = 2
 
+# window_min_s: each timed window lasts at least this long (it stays open past its samples; the
+# run then stops). On a GPU the fast path's 7,200 samples take about 2 s, too short to read
+# reliably; the fp32 reference needs tens of seconds for them anyway, so it is not made longer.
 SIZES = {
     "gpu": dict(model=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
                 max_seq_length=384, doc_stride=128, max_query_length=64, max_train_samples=None,
-                warmup_steps=30, timed_samples=7200, repeat=1),
+                warmup_steps=30, timed_samples=7200, window_min_s=20.0, repeat=1),
     "cpu": dict(model=dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
                 max_seq_length=128, doc_stride=32, max_query_length=32, max_train_samples=600,
-                warmup_steps=2, timed_samples=192, repeat=3),
+                warmup_steps=2, timed_samples=192, window_min_s=None, repeat=3),
 }
+# With a minimum window duration, --max_steps only bounds the run (it stops when its window
+# closes): room for this many times the window's steps.
+MIN_S_STEP_ROOM = 50
 
 REFERENCE = {"per_device_train_batch_size": 12, "learning_rate": 3e-5, "pad_to_max_length": True}
 # Keys of configs/fast.json that describe the job rather than how fast it runs.
@@ -73,6 +84,17 @@ JOB_KEYS = {"_comment", "model_name_or_path", "dataset_name", "train_file", "val
             "max_query_length", "per_device_eval_batch_size", "seed"}
 DEFAULT_VARIANTS = ("reference", "reference_bf16", "fast")
 EXTRA_VARIANTS = ("fast_no_compile", "fast_static64")
+
+
+def data_source(path) -> str:
+    """The training data as a report names it: the file's name and the start of its SHA-256 (the
+    same data wherever it lies; the folder is this machine's business), or 'synthetic'."""
+    if path is None:
+        return "synthetic"
+    import hashlib
+
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    return f"{Path(path).name} (sha256 {digest}...)"
 
 
 def fast_switches() -> dict:
@@ -90,6 +112,7 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
     settings = fast_switches()
     if name == "fast_no_compile":
         settings.update(torch_compile=False)
+        settings.pop("compile_warmup", None)
     elif name == "fast_static64":
         settings.update(pad_to_multiple_of=64, compile_dynamic="false")
     elif name != "fast":
@@ -99,6 +122,7 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
             notes.append("tf32 dropped (no TF32 on a CPU)")
         if settings.get("torch_compile") and not cpu_compile:
             settings["torch_compile"] = False
+            settings.pop("compile_warmup", None)
             notes.append("torch_compile off on CPU (pass --cpu_compile to include its minutes of compilation)")
         if (settings.get("dataloader_num_workers") or 0) > 1 and (os.cpu_count() or 1) <= 4:
             settings["dataloader_num_workers"] = 1
@@ -123,6 +147,11 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
     # every variant sets its batch (REFERENCE, configs/fast.json): nothing falls back to a default
     batch = int(settings["per_device_train_batch_size"]) * int(settings.get("gradient_accumulation_steps", 1))
     timed = max(1, math.ceil(args.timed_samples / batch))
+    window = [f"{args.warmup_steps}:{args.warmup_steps + timed}"]
+    max_steps = args.warmup_steps + timed
+    if args.window_min_s:
+        window += ["--telemetry_window_min_s", f"{args.window_min_s:g}"]
+        max_steps = args.warmup_steps + timed * MIN_S_STEP_ROOM
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
     data = (["--train_file", str(args.train_file)] if args.train_file else ["--dataset_name", args.dataset_name])
@@ -134,7 +163,7 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
         "--model_name_or_path", str(model_dir), *data, "--do_train",
         "--max_seq_length", str(size["max_seq_length"]), "--doc_stride", str(size["doc_stride"]),
         "--max_query_length", str(size["max_query_length"]),
-        "--max_steps", str(args.warmup_steps + timed), "--telemetry_window", f"{args.warmup_steps}:{args.warmup_steps + timed}",
+        "--max_steps", str(max_steps), "--telemetry_window", *window,
         "--output_dir", str(out), "--resume", "never",
         "--report_to", "none", "--save_strategy", "no", "--logging_steps", "100000", "--disable_tqdm", "true",
         "--seed", "42", "--features_cache_dir", str(work / "features"),
@@ -147,7 +176,8 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
     if not on_gpu and args.cpu_threads:
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
-    log(f"[{name}] {args.warmup_steps} warm-up + {timed} timed steps of {batch}: "
+    log(f"[{name}] {args.warmup_steps} warm-up + {timed} timed steps of {batch}"
+        f"{f' (at least {args.window_min_s:g} s)' if args.window_min_s else ''}: "
         f"python run_qa.py {' '.join(shlex.quote(a) for a in argv)}")
     started = time.perf_counter()
     with open(work / f"log-{name}.txt", "w") as logfile:
@@ -171,6 +201,25 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
 def window_rate(raw) -> float:
     r = raw["results"]
     return r["train_window_samples"] / r["train_window_seconds"]
+
+
+def window_compiles(raw):
+    """Compilations inside the run's timed window (None: not counted)."""
+    return raw["results"].get("train_window_compiles")
+
+
+def median_run(runs: list) -> tuple:
+    """-> (index of the run to report, why). The median by samples/s of the runs whose window
+    compiled nothing; of all runs when every window compiled (the report marks them)."""
+    rate = [window_rate(r) for r in runs]
+    clean = [i for i, r in enumerate(runs) if window_compiles(r) == 0]
+    pool = clean or list(range(len(runs)))
+    pick = sorted(pool, key=rate.__getitem__)[len(pool) // 2]
+    if len(clean) == len(runs):
+        return pick, "median of all runs"
+    if clean:
+        return pick, f"median of the {len(clean)} of {len(runs)} runs without compilation in the window"
+    return pick, "every run compiled inside its window"
 
 
 def device_of(raw) -> dict:
@@ -231,20 +280,34 @@ def summarise(name, raw, size, peak_flops_per_s):
         "warmup_s": res.get("train_window_warmup_s"), "first_step_s": res.get("train_first_step_s"),
         "process_wall_s": raw["process_wall_s"],
         "compile": setup.get("compile"),
+        "compiles_in_window": res.get("train_window_compiles"),
+        "recompiles_in_window": res.get("train_window_recompiles"),
+        "compile_warmup_s": res.get("compile_warmup_s"),
+        "window_min_s": res.get("train_window_min_s"),
         "repeat_samples_per_second": raw.get("repeat_samples_per_second"),
+        "repeat_compiles_in_window": raw.get("repeat_compiles_in_window"),
+        "reported_run": raw.get("reported_run"),
         "used": setup,
         "settings": raw["settings"], "notes": raw["notes"],
         "data": {"train_questions": questions, "train_features": features, "mean_real_tokens": mean_real},
     }
 
 
+def compiled_in_window(variant: dict) -> bool:
+    """Whether the reported window timed a compilation (or could not tell): not a training speed."""
+    return variant.get("compiles_in_window") != 0
+
+
 def ratios(variants: dict) -> dict:
+    """fast*/reference* speed ratios; `compiled_in_window` marks a pair of which either window
+    timed a compilation: such a ratio is no result."""
     out = {}
     for fast in [v for v in variants if v.startswith("fast")]:
         for ref in ("reference", "reference_bf16"):
             if ref in variants:
                 a, b = variants[fast], variants[ref]
                 out[f"{fast}/{ref}"] = {
+                    "compiled_in_window": compiled_in_window(a) or compiled_in_window(b),
                     "samples_per_second": round(a["samples_per_second"] / b["samples_per_second"], 3),
                     "real_tokens_per_second": round(a["real_tokens_per_second"] / b["real_tokens_per_second"], 3),
                     "samples_per_second_at_mean_length": round(
@@ -270,25 +333,43 @@ def markdown(report: dict) -> str:
              f"{report['data']['train_features']} features, mean {f(report['data']['mean_real_tokens'])} real tokens of "
              f"{report['data']['max_seq_length']}); MFU against {report['peak']['source']}.", "",
              "| variant | samples/s (window) | samples/s at mean length | real tokens/s | padding | MFU (real, 6N) | "
-             "peak memory | 2 epochs projected | warm-up (incl. compile) | x reference | x bf16 reference |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak memory | 2 epochs projected | warm-up (incl. compile) | compiles in window | x reference | "
+             "x bf16 reference |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(name, ref):
+        pair = report["ratios"].get(f"{name}/{ref}")
+        if not pair:
+            return ""
+        if pair.get("compiled_in_window"):
+            return "no result (compiled in window)"
+        return f(pair.get("real_tokens_per_second"), "{:.2f}x", "")
+
     for name, r in v.items():
         mem = r["peak_memory_gib"] if r["peak_memory_gib"] is not None else r["peak_rss_gib"]
         mem_label = "GiB" if r["peak_memory_gib"] is not None else "GiB RSS"
-        x_ref = report["ratios"].get(f"{name}/reference", {}).get("real_tokens_per_second")
-        x_bf = report["ratios"].get(f"{name}/reference_bf16", {}).get("real_tokens_per_second")
         at_mean = r.get("samples_per_second_at_mean_length")
         if at_mean is None and r["data"].get("mean_real_tokens"):
             at_mean = r["real_tokens_per_second"] / r["data"]["mean_real_tokens"]
+        marked = f"**{name}** (compiled in its window)" if compiled_in_window(r) else name
         lines.append(
-            f"| {name} | {f(r['samples_per_second'])} | {f(at_mean)} | {f(r['real_tokens_per_second'], '{:,.0f}')} | "
+            f"| {marked} | {f(r['samples_per_second'])} | {f(at_mean)} | {f(r['real_tokens_per_second'], '{:,.0f}')} | "
             f"{f(r['padding_fraction'] * 100, '{:.0f}%')} | {f(r['mfu_real'], '{:.1%}')} | {f(mem, '{:.2f}')} {mem_label} | "
             f"{f(r['projected_2_epochs_s'], '{:,.0f} s')} | {f(r['warmup_s'], '{:.1f} s')} | "
-            f"{f(x_ref, '{:.2f}x', '')} | {f(x_bf, '{:.2f}x', '')} |")
+            f"{f(r.get('compiles_in_window'), '{:d}', 'not counted')} | {ratio(name, 'reference')} | "
+            f"{ratio(name, 'reference_bf16')} |")
+    marked = [name for name, r in v.items() if compiled_in_window(r)]
+    if marked:
+        lines += ["", f"**Not results: {', '.join(marked)}.** Their timed window included graph compilations "
+                  "(torch's counters, read at both ends of the window): the figures mix compile time with training "
+                  "time, and their ratios are left out."]
     if any(len(r.get("repeat_samples_per_second") or []) > 1 for r in v.values()):
         lines += ["", "Each variant ran " + str(len(next(iter(v.values()))["repeat_samples_per_second"])) +
-                  " times, interleaved; the table shows the median run. samples/s of every run: " +
-                  "; ".join(f"{name} {r['repeat_samples_per_second']}" for name, r in v.items()) + "."]
+                  " times, interleaved; the table shows the median run (of the runs whose window compiled "
+                  "nothing, when some did). samples/s of every run: " +
+                  "; ".join(f"{name} {r['repeat_samples_per_second']}" for name, r in v.items()) +
+                  "; compilations in each run's window: " +
+                  "; ".join(f"{name} {r.get('repeat_compiles_in_window')}" for name, r in v.items()) + "."]
     lines += ["", "What each variant used (read from the live Trainer objects by the run's telemetry, "
               "`train_setup` in its results):", "",
               "| variant | attention | optimizer | sampler | collator | matmuls | compiled | batch | workers | notes |",
@@ -308,8 +389,13 @@ def markdown(report: dict) -> str:
               "The ratio columns compare real tokens/s, which equals comparing samples/s at the data's mean "
               "length: a length-grouped window can hold longer or shorter features than average (its first "
               "group of batches is sorted longest first), which the window's raw samples/s does not correct.",
-              "- Timed window: the same number of samples for every variant, after the warm-up steps; the device is "
-              "synchronised at both ends. Projection: 2 epochs x " + (next(iter(v.values()))['projection_basis']) +
+              "- Timed window: the same number of samples for every variant, after the warm-up steps" +
+              (f", and at least {report['window']['min_s']:g} s (a faster variant's window holds more samples)"
+               if report.get("window", {}).get("min_s") else "") +
+              "; the device is synchronised at both ends, and torch's compile counters are read there: a window "
+              "with compilations is marked and its ratios are not reported. A compiled variant runs one batch of "
+              "every shape before its first step (--compile_warmup). Projection: 2 epochs x " +
+              next(iter(v.values()))['projection_basis'] +
               " x mean real tokens / real tokens per second; start-up, compilation and evaluation not included "
               "(see the warm-up column and the JSON for those).",
               "- MFU counts 6 x non-embedding parameters FLOPs per real token (attention scores excluded: "
@@ -325,15 +411,16 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="gpu")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated, from {', '.join(DEFAULT_VARIANTS + EXTRA_VARIANTS)}; 'all' for every one")
-    parser.add_argument("--train_file", type=Path, default=DEV_SET if DEV_SET.exists() else None,
+    parser.add_argument("--train_file", type=Path, default=DEV_SET,
                         help="SQuAD JSON to train on (default: the dev set, whose lengths are the real distribution)")
-    parser.add_argument("--dataset_name", default=None,
-                        help="'synthetic' for generated data (the default when the dev set is absent)")
+    parser.add_argument("--dataset_name", default=None, choices=["synthetic"],
+                        help="'synthetic' for generated data instead of --train_file (never chosen by itself)")
     parser.add_argument("--synthetic_examples", type=int, default=3000)
     parser.add_argument("--max_train_samples", type=int, default=None, help="questions kept (default: by size)")
     parser.add_argument("--max_seq_length", type=int, default=None, help="default: by size (gpu 384, cpu 128)")
@@ -342,6 +429,9 @@ def main(argv=None):
     parser.add_argument("--warmup_steps", type=int, default=None, help="untimed steps first (default: by size)")
     parser.add_argument("--timed_samples", type=int, default=None,
                         help="samples in each variant's timed window (default: by size)")
+    parser.add_argument("--window_min_s", type=float, default=None,
+                        help="each timed window lasts at least this many seconds (default: by size, gpu 20, cpu none; "
+                        "0 for none)")
     parser.add_argument("--repeat", type=int, default=None,
                         help="runs of each variant, interleaved; the median is reported (default: gpu 1, cpu 3)")
     parser.add_argument("--peak_tflops", type=float, default=None,
@@ -362,9 +452,9 @@ def main(argv=None):
             size[key] = getattr(args, key)
     if args.dataset_name:
         args.train_file = None
-    elif args.train_file is None:
-        args.dataset_name = "synthetic"
-    for key in ("warmup_steps", "timed_samples", "max_train_samples", "repeat"):
+    else:
+        args.train_file = require_squad_dev(args.train_file, "--train_file", synthetic=True)
+    for key in ("warmup_steps", "timed_samples", "max_train_samples", "repeat", "window_min_s"):
         if getattr(args, key) is None:
             setattr(args, key, size[key])
     if args.warmup_steps < 1 or args.timed_samples < 1:
@@ -393,8 +483,11 @@ def main(argv=None):
     raw = {}
     for name, rs in runs.items():
         rate = [window_rate(r) for r in rs]
-        raw[name] = rs[sorted(range(len(rs)), key=rate.__getitem__)[len(rs) // 2]]
+        pick, why = median_run(rs)
+        raw[name] = rs[pick]
         raw[name]["repeat_samples_per_second"] = [round(x, 2) for x in rate]
+        raw[name]["repeat_compiles_in_window"] = [window_compiles(r) for r in rs]
+        raw[name]["reported_run"] = {"index": pick, "why": why}
     load_after = os.getloadavg()
     summaries = {name: summarise(name, r, size, peak) for name, r in raw.items()}
     for name, s in summaries.items():
@@ -419,11 +512,13 @@ def main(argv=None):
         "git_commit": env.get("git_commit"),
         "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
         "model": {**model_of(first["results"]), "random_init": True},
-        "data": {"source": str(args.train_file) if args.train_file else "synthetic",
+        "data": {"source": data_source(args.train_file),
                  "max_seq_length": size["max_seq_length"], "doc_stride": size["doc_stride"],
                  "max_query_length": size["max_query_length"],
                  **summaries[next(iter(summaries))]["data"]},
         "variants": summaries,
+        "window": {"warmup_steps": args.warmup_steps, "timed_samples": args.timed_samples,
+                   "min_s": args.window_min_s or None},
         "ratios": ratios(summaries),
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -118,6 +118,17 @@ class RunArguments:
         metadata={"help": "'START:STOP' optimizer steps: synchronise the device at the end of steps START and STOP "
                   "and report the steps between apart (train_window_* in train_results.json: seconds, samples/s, "
                   "real tokens/s, MFU), e.g. after warm-up and compilation; bench/run_bench.py uses it."})
+    telemetry_window_min_s: Optional[float] = field(
+        default=None,
+        metadata={"help": "With --telemetry_window: keep the window open past STOP until it has lasted at least this "
+                  "many seconds (read at step ends), then stop training: a window long enough to read reliably "
+                  "whatever the device's speed (set --max_steps high enough for it); bench/run_bench.py uses it."})
+    compile_warmup: bool = field(
+        default=False,
+        metadata={"help": "With --torch_compile: before the first step, run forward + backward once for every batch "
+                  "shape training will produce (each padded width the collator makes from the training features, "
+                  "full and last smaller batch), with gradients cleared and random generators put back, so that "
+                  "no compilation happens later in training (e.g. inside a benchmark's timed window)."})
     profile: bool = field(
         default=False,
         metadata={"help": "Profile a few training steps with torch.profiler (rank 0 only): operator table, "
@@ -154,6 +165,12 @@ class RunArguments:
                   "their --signal warning), every rank finishes the current optimizer step, a checkpoint "
                   "of that step is saved, and the run exits with status 143 without evaluating; "
                   "--resume auto continues from it. False: SIGTERM ends the process at once."})
+    preemption_check_steps: int = field(
+        default=10,
+        metadata={"help": "With --checkpoint_on_sigterm in a distributed run: the ranks agree whether any of them got "
+                  "SIGTERM every this many optimizer steps (a small all-reduce started at one step's end and read at "
+                  "the next one's, so no step waits for it); the run stops at most this many + 1 steps after the "
+                  "signal. One process checks at every step at no cost."})
 
     def timed_steps(self) -> Optional[Tuple[int, int]]:
         """--telemetry_window as (start, stop), or None (checked with the other settings: qa.settings)."""

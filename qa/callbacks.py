@@ -17,8 +17,9 @@ from transformers import TrainerCallback
 from .communication import CommunicationCallback
 from .console import log_lines_callback, replace_log_printer
 from .preemption import CheckpointOnSignalCallback
-from .telemetry import (compile_stats, describe_training, gib, gradient_size, matmul_precision, max_rss_gib,
-                        model_flops, model_shape, peak_flops, perf_metrics)
+from .telemetry import (compile_delta, compile_stats, describe_training, gib, gradient_size, matmul_precision,
+                        max_rss_gib, model_flops, model_shape, peak_flops, perf_metrics)
+from .trial_steps import CompileWarmupCallback
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +78,19 @@ class TelemetryCallback(TrainerCallback):
     - Memory: torch.cuda.max_memory_allocated on a GPU; the process's peak RSS everywhere.
     - Timed window (`timed_steps=(start, stop)`, --telemetry_window): the device is synchronised
       at the end of optimizer steps `start` and `stop` and everything between is counted apart
-      (`train_window_*`): what a benchmark compares, after warm-up and compilation.
+      (`train_window_*`): what a benchmark compares, after warm-up and compilation. With
+      `window_min_s` (--telemetry_window_min_s) the window stays open past `stop` until it has
+      lasted that long (host time, read at each step's end without a synchronisation), and
+      training stops when it closes. The graphs torch.compile compiled inside the window (first
+      compilations and recompilations, from torch's counters read at both ends) are counted
+      (`train_window_compiles`): a window with any timed compilation, not training.
     """
 
-    def __init__(self, peak_tflops=None, overhead_sources=(), timed_steps=None):
+    def __init__(self, peak_tflops=None, overhead_sources=(), timed_steps=None, window_min_s=None):
         self.peak_tflops = peak_tflops
         self.overhead_sources = list(overhead_sources)  # objects with `overhead_s` to set aside
         self.timed_steps = timed_steps
+        self.window_min_s = window_min_s
         self._summary = {}
         self._hook = None
         self._training = False
@@ -102,6 +109,7 @@ class TelemetryCallback(TrainerCallback):
         self.pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.interval, self.total = _Counts(), _Counts()
         self.timed = {}
+        compile_stats()  # from here on, recompilations are counted too
         self.train_start = self._mark = time.perf_counter()
         self._overhead_at_mark = self._overhead()
         self._step_start = None
@@ -151,12 +159,15 @@ class TelemetryCallback(TrainerCallback):
             self.interval.steps += 1
             self._step_start = None
         if self.timed_steps is not None:
-            self._timed_window(state.global_step)
+            self._timed_window(state.global_step, control)
         self._set_mark()
 
-    def _timed_window(self, step):
+    def _timed_window(self, step, control):
         start, stop = self.timed_steps
-        if step not in (1, start, stop):
+        opened = self.timed.get("open")
+        closing = opened is not None and step >= stop and (
+            not self.window_min_s or time.perf_counter() - opened["at"] >= self.window_min_s)
+        if step not in (1, start) and not closing:
             return
         if self._cuda:
             torch.cuda.synchronize()  # host time = device time at the window's edges
@@ -164,13 +175,19 @@ class TelemetryCallback(TrainerCallback):
         if step == 1:
             self.timed["first_step_s"] = now - self.train_start
         if step == start:
-            self.timed.update(opened=now, counts=self._cumulative())
-        if step == stop and "counts" in self.timed:
-            begin = self.timed.pop("counts")
-            counts = {k: v - begin[k] for k, v in self._cumulative().items()}
-            self.timed.update(warmup_s=self.timed["opened"] - self.train_start, seconds=now - self.timed["opened"],
-                              counts=counts, memory=self._memory())
+            self.timed["open"] = {"at": now, "counts": self._cumulative(), "compiles": compile_stats()}
+        if closing:
+            del self.timed["open"]
+            counts = {k: v - opened["counts"][k] for k, v in self._cumulative().items()}
+            self.timed.update(warmup_s=opened["at"] - self.train_start, seconds=now - opened["at"],
+                              counts=counts, memory=self._memory(), last_step=step,
+                              compiles=compile_delta(opened["compiles"], compile_stats()))
             self.timed["complete"] = True
+            if self.timed["compiles"].get("compiles"):
+                logger.warning("telemetry: %d compilation(s) inside the timed window (steps %d-%d): its figures "
+                               "include compile time", self.timed["compiles"]["compiles"], start + 1, step)
+            if self.window_min_s:
+                control.should_training_stop = True  # the window was what this run was for
 
     def _cumulative(self) -> dict:
         """Counts since training began (the logged intervals plus the current one)."""
@@ -260,14 +277,15 @@ class TelemetryCallback(TrainerCallback):
 
     def _timed_summary(self) -> dict:
         start, stop = self.timed_steps
-        out = {"train_window_first_step": start + 1, "train_window_last_step": stop,
+        out = {"train_window_first_step": start + 1, "train_window_last_step": self.timed.get("last_step", stop),
+               "train_window_min_s": self.window_min_s,
                "train_window_complete": bool(self.timed.get("complete")),
                "train_first_step_s": _sig(self.timed.get("first_step_s"))}
         if not out["train_window_complete"]:
-            logger.warning("telemetry: training ended before step %d, so the timed window %d:%d never closed",
-                           stop, start, stop)
+            logger.warning("telemetry: training ended before the timed window %d:%d%s closed", start, stop,
+                           f" (at least {self.window_min_s:g} s)" if self.window_min_s else "")
             return out
-        c, seconds = self.timed["counts"], self.timed["seconds"]
+        c, seconds, compiles = self.timed["counts"], self.timed["seconds"], self.timed["compiles"]
         perf = self._perf({**c, "step_s": seconds, "data_s": 0.0})  # the window's wall time covers both
         memory = self.timed["memory"]
         out.update({
@@ -285,6 +303,9 @@ class TelemetryCallback(TrainerCallback):
             "train_window_mfu": _sig(perf["mfu"]),
             "train_window_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
             "train_window_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
+            "train_window_compiles": compiles.get("compiles"),
+            "train_window_recompiles": compiles.get("recompiles"),
+            "train_window_new_graphs": compiles.get("unique_graphs"),
         })
         return out
 
@@ -300,7 +321,10 @@ class RunCallbacks:
     and adds the others through the Trainer's public add_callback, after the Trainer's own (its
     flow control and reporting callbacks): the telemetry goes first among
     them, so the profiler's time in on_step_end falls between two telemetry marks and is set
-    aside (the profiler reports it as `overhead_s`). Nothing here needs to run before the
+    aside (the profiler reports it as `overhead_s`), and so is the time the compile warm-up and
+    the communication measurement take in on_train_begin, after the telemetry started its
+    clock. The warm-up runs before the measurement, whose passes then reuse the graphs it
+    compiled. Nothing here needs to run before the
     reporting callbacks: the throughput figures join the log entries in the Trainer's `log`
     (`log_values`), before any callback sees them.
     """
@@ -314,24 +338,34 @@ class RunCallbacks:
             self.profiler = ProfilerCallback(training_args.output_dir, wait=run_args.profile_wait,
                                              warmup=run_args.profile_warmup, active=run_args.profile_active,
                                              repeat=run_args.profile_repeat, with_stack=run_args.profile_with_stack)
-        self.telemetry = None
-        if run_args.telemetry:
-            self.telemetry = TelemetryCallback(peak_tflops=run_args.peak_tflops,
-                                               overhead_sources=[self.profiler] if self.profiler else [],
-                                               timed_steps=run_args.timed_steps())
-        self.preemption = CheckpointOnSignalCallback() if run_args.checkpoint_on_sigterm else None
+        self.warmup = None
+        if run_args.compile_warmup and getattr(training_args, "torch_compile", False):
+            self.warmup = CompileWarmupCallback()
+        elif run_args.compile_warmup:
+            logger.warning("--compile_warmup: the run does not compile (--torch_compile false): nothing to warm up")
         self.communication = CommunicationCallback(run_args.measure_communication, run_args.ddp_comm_hook,
                                                    run_args.fsdp_reduce_dtype)
+        self.telemetry = None
+        if run_args.telemetry:
+            overhead = [c for c in (self.profiler, self.warmup, self.communication) if c is not None]
+            self.telemetry = TelemetryCallback(peak_tflops=run_args.peak_tflops, overhead_sources=overhead,
+                                               timed_steps=run_args.timed_steps(),
+                                               window_min_s=run_args.telemetry_window_min_s)
+        self.preemption = (CheckpointOnSignalCallback(run_args.preemption_check_steps)
+                           if run_args.checkpoint_on_sigterm else None)
 
     @property
     def callbacks(self) -> list:
-        return [c for c in (self.telemetry, self.profiler, self.preemption, self.communication) if c is not None]
+        return [c for c in (self.telemetry, self.profiler, self.preemption, self.warmup, self.communication)
+                if c is not None]
 
     def install(self, trainer) -> None:
         self.communication.bind(trainer)
         self.console = log_lines_callback(trainer.args)
         if not replace_log_printer(trainer, self.console):
             self.console = None
+        if self.warmup is not None:
+            self.warmup.bind(trainer)
         for callback in self.callbacks:
             trainer.add_callback(callback)
 
@@ -343,10 +377,10 @@ class RunCallbacks:
         return self.preemption.stopped_at if self.preemption is not None else None
 
     def summary(self) -> dict:
-        """What the telemetry, the profiler and the communication measurement recorded, for
-        train_results.json."""
+        """What the telemetry, the profiler, the compile warm-up and the communication measurement
+        recorded, for train_results.json."""
         out = {}
-        for callback in (self.telemetry, self.profiler, self.communication):
+        for callback in (self.telemetry, self.profiler, self.warmup, self.communication):
             if callback is not None:
                 out.update(callback.summary())
         return out

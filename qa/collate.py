@@ -20,13 +20,18 @@ LENGTH_COLUMN = "length"
 PADDED_COLUMNS = {"input_ids": None, "token_type_ids": "type", "attention_mask": 0, "special_tokens_mask": 1}
 
 
+def feature_lengths(features) -> np.ndarray:
+    """Each feature's token count, from the Arrow list offsets of input_ids (no Python loop)."""
+    column = features.with_format("arrow")["input_ids"].combine_chunks()
+    return pc.list_value_length(column).to_numpy().astype(np.int32)
+
+
 def add_length_column(features, name: str = LENGTH_COLUMN):
-    """`features` with a column of each feature's token count, computed from the Arrow
-    list offsets (no Python loop), so a length-grouped sampler need not read every row."""
+    """`features` with a column of each feature's token count (feature_lengths), so a
+    length-grouped sampler need not read every row."""
     if name in features.column_names:
         return features
-    column = features.with_format("arrow")["input_ids"].combine_chunks()
-    return features.add_column(name, pc.list_value_length(column).to_numpy().astype(np.int32))
+    return features.add_column(name, feature_lengths(features))
 
 
 class BucketPaddingCollator:

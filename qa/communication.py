@@ -11,8 +11,10 @@ run's own process group and before the first training step:
 - exposed communication: forward + backward of the actual model on a training batch with the
   gradient synchronisation on, and off (DDP's `no_sync`, FSDP2's `set_requires_gradient_sync`),
   alternated; the difference of the medians is what the overlap with backward does not hide.
-  Nothing is stepped; gradients are cleared and every random generator is put back afterwards,
-  so training goes on exactly as it would have without the measurement.
+  Each pass runs as a training step does (qa.trial_steps: training mode, dropout included), so a
+  compiled model reuses the training graphs and compiles nothing of its own. Nothing is stepped;
+  gradients are cleared and every random generator is put back afterwards, so training goes on
+  exactly as it would have without the measurement.
 
 Switches: `--ddp_comm_hook bf16|fp16` (a DDP communication hook: gradients travel in 16 bits),
 `--ddp_bucket_cap_mb` (the Trainer's own argument: DDP's bucket size), `--fsdp_reduce_dtype`
@@ -21,21 +23,19 @@ recorded beside the measurements (`comm_*` in train_results.json and all_results
 `communication` section of environment.json).
 """
 import contextlib
-import inspect
 import logging
 import os
-import random
 import socket
 import statistics
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
 from .scaling_model import GB, busbw_from_algbw
 from .telemetry import gradient_size
+from .trial_steps import collate_rows, forward_backward, rng_kept
 
 logger = logging.getLogger(__name__)
 
@@ -187,48 +187,30 @@ def can_toggle_sync(model) -> bool:
     return hasattr(model, "no_sync") or hasattr(model, "set_requires_gradient_sync")
 
 
-@contextlib.contextmanager
-def _rng_kept():
-    """Every random generator as it was: the measurement must not change what training does."""
-    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
-    try:
-        yield
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
-        if states[3] is not None:
-            torch.cuda.set_rng_state_all(states[3])
-
-
 def training_batch(trainer) -> dict:
     """This rank's share of the first training rows, as the model takes them, on its device."""
     dataset, args = trainer.train_dataset, trainer.args
     size = args.per_device_train_batch_size
     start = (args.process_index * size) % max(len(dataset) - size + 1, 1)
-    accepted = set(inspect.signature(trainer.model.forward).parameters)
-    rows = [{k: v for k, v in dataset[i].items() if k in accepted}
-            for i in range(start, min(start + size, len(dataset)))]
-    return {k: v.to(args.device) for k, v in trainer.data_collator(rows).items()}
+    return collate_rows(trainer, range(start, min(start + size, len(dataset))))
 
 
-def exposed_communication(model, batch: dict, autocast, device, repeats=STEP_REPEATS) -> dict:
+def exposed_communication(trainer, model, batch: dict, device, repeats=STEP_REPEATS) -> dict:
     """Median forward + backward time with the gradient synchronisation on and off (one warm-up
-    of each first, then alternated), each repeat timed as its slowest rank; nothing stepped."""
+    of each first, then alternated), each repeat timed as its slowest rank; nothing stepped.
+    Each pass runs as a training step runs (qa.trial_steps.forward_backward: training mode), so a
+    compiled model reuses the training graphs instead of compiling evaluation-mode ones."""
     def step(sync: bool) -> float:
         model.zero_grad(set_to_none=True)
         dist.barrier()
         _sync(device)
         start = time.perf_counter()
         with _gradient_sync(model, sync):
-            with autocast():
-                loss = model(**batch).loss
-            loss.backward()
+            forward_backward(trainer, model, batch)
         _sync(device)
         return time.perf_counter() - start
 
-    with _rng_kept():
+    with rng_kept():
         step(True)
         step(False)
         times = {True: [], False: []}
@@ -252,13 +234,16 @@ def exposed_communication(model, batch: dict, autocast, device, repeats=STEP_REP
 class CommunicationCallback(TrainerCallback):
     """Applies the communication switches and measures the communication at the start of
     training (see the module docstring). `bind(trainer)` before training: the measurement needs
-    the wrapped model (Trainer.model_wrapped), the accelerator and a training batch."""
+    the wrapped model (Trainer.model_wrapped), the accelerator and a training batch.
+    `overhead_s`: the measurement's time, which the telemetry sets aside from the first step's
+    data time."""
 
     def __init__(self, measure: str = "auto", ddp_comm_hook: str = "none", fsdp_reduce_dtype: str = "auto"):
         self.measure, self.ddp_comm_hook, self.fsdp_reduce_dtype = measure, ddp_comm_hook, fsdp_reduce_dtype
         self.trainer = None
         self.fsdp_wire = None  # the FSDP reduction dtype set on accelerate's plugin, if any
         self.record = {}
+        self.overhead_s = 0.0
 
     def bind(self, trainer) -> None:
         self.trainer = trainer
@@ -294,11 +279,11 @@ class CommunicationCallback(TrainerCallback):
         self.record.update(calibrate(elements * torch.tensor([], dtype=wire).element_size(), wire, args.device))
         if can_toggle_sync(model):
             batch = training_batch(trainer)
-            self.record.update(exposed_communication(model, batch, trainer.accelerator.autocast, args.device))
+            self.record.update(exposed_communication(trainer, model, batch, args.device))
             self.record["step_batch_shape"] = list(batch["input_ids"].shape)
         else:
             self.record["exposed_note"] = f"{type(model).__name__} cannot switch its gradient synchronisation off"
-        self.record["measure_s"] = time.perf_counter() - started
+        self.record["measure_s"] = self.overhead_s = time.perf_counter() - started
         logger.info("communication: all-reduce of %.1f MB (%s) over %d ranks: %.4f s, bus bandwidth %.2f GB/s; "
                     "exposed per step %.4f s", self.record["allreduce_bytes"] / 1e6, self.record["allreduce_dtype"],
                     self.record["world_size"], self.record["allreduce_s"], self.record["allreduce_busbw_GBps"],

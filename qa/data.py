@@ -133,14 +133,15 @@ def squad_dev_path() -> Path:
     return Path(given).expanduser() if given else SQUAD_DEV_DEFAULT
 
 
-def require_squad_dev(path) -> Path:
-    """`path` when it is a file, else the InputError that says how to get the dev set."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), "the official SQuAD v1.1 dev set is not there",
-                         f"download it once (curl -LO {SQUAD_DEV_URL}, on a machine with internet) and set "
-                         f"{SQUAD_DEV_VARIABLE}=/path/to/dev-v1.1.json, or pass its path (--dev / --train_file)")
-    return path
+def require_squad_dev(path, option: str = "--dev", synthetic: bool = False) -> Path:
+    """`path` when it is a file, else the InputError that says how to get the dev set: nothing
+    stands in for it unless asked for (`synthetic`: the caller takes --dataset_name synthetic)."""
+    if path is not None and Path(path).is_file():
+        return Path(path)
+    instead = "; or --dataset_name synthetic to time generated data instead" if synthetic else ""
+    raise InputError(f"{option} {path}", "the official SQuAD v1.1 dev set is not there",
+                     f"download it once (curl -LO {SQUAD_DEV_URL}, on a machine with internet) and set "
+                     f"{SQUAD_DEV_VARIABLE}=/path/to/dev-v1.1.json, or pass its path ({option} PATH){instead}")
 
 
 def split_source(config: dict, split: str) -> str:

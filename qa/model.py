@@ -102,7 +102,7 @@ STATIC_RECOMPILE_LIMIT = 64
 
 
 def configure_compile(model_args) -> dict:
-    """How the Trainer's `--torch_compile` compiles: the Trainer (transformers 5.23) hands
+    """How the Trainer's `--torch_compile` compiles: the Trainer (transformers 5.17 to 5.23) hands
     accelerate a TorchDynamoPlugin with `dynamic=None` and no regional option, and the plugin
     fills unset fields from ACCELERATE_DYNAMO_* variables, which is how these two settings
     reach it. Returns what it set. Without --torch_compile nothing reads them."""
@@ -119,6 +119,13 @@ def configure_compile(model_args) -> dict:
         import torch._dynamo
 
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
+    else:
+        import torch.fx.experimental._config as shapes
+
+        # Sizes that happen to be equal when a graph is traced (a 48-token batch of 48 features, a
+        # batch as wide as the hidden size) would otherwise share one symbol, and the graph would
+        # recompile at the next batch where they differ (torch's "duck sizing").
+        shapes.use_duck_shape = False
     return settings
 
 
@@ -175,9 +182,12 @@ def _report_loading(model, info: dict, report: list, training: bool) -> None:
         release(report)
 
 
-def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True):
+def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, compile: bool = False):
     """(model, tokenizer). `training`: whether this run trains the model, which decides what
-    a checkpoint without a QA head means (loading_message)."""
+    a checkpoint without a QA head means (loading_message). `compile` (the run's
+    --torch_compile): a model on sdpa attention is switched to qa.attention's sdpa_with_mask, so
+    that its compiled layers see an attention mask in every batch (transformers passes none for a
+    batch without padding, and the compiled layers would recompile on it whenever one comes)."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     path = resolve_model_path(model_args.model_name_or_path, work_dir)
@@ -220,6 +230,10 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True):
         raise InputError(path, "the tokenizer is not a fast tokenizer (offsets are needed)",
                          "use a model that ships tokenizer.json")
     _report_loading(model, info, report, training)
+    if compile:
+        from .attention import keep_mask_when_compiled
+
+        keep_mask_when_compiled(model)
     return model, tokenizer
 
 

@@ -26,13 +26,21 @@ class CheckpointOnSignalCallback(TrainerCallback):
     SLURM sends SIGTERM at a job's time limit and on preemption, job_ft3.sh/job_ddp.sh send it
     when `--signal=B:USR1@T` warns them, and torchrun forwards it to its workers. The ranks of a
     distributed run get it at slightly different moments, possibly in different steps, and a rank
-    that saved and stopped alone would leave the others waiting in a collective. So at the end of
-    every optimizer step the ranks agree whether any of them got the signal (an all-reduce of one
-    number; the Trainer synchronises with the device at every step anyway) and all save the same
-    step's checkpoint (marked complete by QuestionAnsweringTrainer._save_checkpoint once every
-    rank has written its part) and stop together. run_qa.py then exits with EXIT_INTERRUPTED
-    without evaluating or writing results; `--resume auto` continues from that checkpoint with the
-    optimizer, scheduler, RNG states and data position restored.
+    that saved and stopped alone would leave the others waiting in a collective. So the ranks
+    agree whether any of them got the signal, and all save the same step's checkpoint (marked
+    complete by QuestionAnsweringTrainer._save_checkpoint once every rank has written its part)
+    and stop together. run_qa.py then exits with EXIT_INTERRUPTED without evaluating or writing
+    results; `--resume auto` continues from that checkpoint with the optimizer, scheduler, RNG
+    states and data position restored.
+
+    The agreement costs next to nothing: every `check_steps` optimizer steps (--preemption_check_steps)
+    each rank starts an all-reduce (MAX) of its flag without waiting for it, with the result copied
+    to the host behind it; at the end of the next step the result is read, long since arrived, and
+    the decision taken. Reading a device value right after the all-reduce, at every step, would
+    make the host wait for the device to finish all the work queued so far (on a GPU, a stall of
+    the stream's pipeline per step). Every rank starts and reads at the same global steps, so all
+    take the same decision at the same step; the run stops at most check_steps + 1 steps after
+    the signal arrived. One process needs no agreement and checks its flag at every step.
 
     Unlike transformers' `enable_jit_checkpoint` (each rank checkpoints on its own, 3 s after its
     own SIGTERM, at whichever step it is in; then `train()` returns as if training had finished),
@@ -43,16 +51,21 @@ class CheckpointOnSignalCallback(TrainerCallback):
 
     signals = (signal.SIGTERM,)
 
-    def __init__(self):
+    def __init__(self, check_steps: int = 10):
+        self.check_steps = max(int(check_steps), 1)
         self.received = None      # the signal this rank got, if any
         self.stopped_at = None    # global step at which training stopped on a signal
+        self.agreements = 0       # all-reduces started (what the agreement cost)
+        self._pending = None      # an agreement under way: (work, value to read, device event)
+        self._host = None         # pinned host memory the result of an agreement on a GPU lands in
         self._previous = {}
 
     def _handler(self, signum, frame):
-        self.received = signum    # a flag only: the training loop acts on it at the step's end
+        self.received = signum    # a flag only: the training loop acts on it at a step's end
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.received = self.stopped_at = None
+        self.received = self.stopped_at = self._pending = None
+        self.agreements = 0
         if threading.current_thread() is not threading.main_thread():
             logger.warning("checkpoint on SIGTERM: not in the main thread, no signal handler installed")
             return
@@ -67,17 +80,42 @@ class CheckpointOnSignalCallback(TrainerCallback):
                            "checkpoint", torch.distributed.get_rank(), torch.distributed.get_world_size(),
                            torch.distributed.get_backend(), os.uname().nodename, os.getpid(), state.global_step)
 
-    def _any_rank_received(self, args) -> bool:
-        flag = self.received is not None
-        if torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1:
-            t = torch.tensor([int(flag)], dtype=torch.int32, device=args.device)
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-            flag = bool(t.item())
-        return flag
+    def _start_agreement(self, args):
+        flag = torch.tensor([int(self.received is not None)], dtype=torch.int32, device=args.device)
+        work = torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        self.agreements += 1
+        if flag.is_cuda:
+            # The host copy is queued right behind the collective, and an event marks it: reading
+            # waits for these alone, not for the steps queued after them.
+            work.wait()  # the current stream waits for the collective; the host does not
+            if self._host is None:
+                self._host = torch.empty(1, dtype=torch.int32, pin_memory=True)  # allocated once: it is slow
+            self._host.copy_(flag, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self._pending = (None, self._host, done)
+        else:
+            self._pending = (work, flag, None)
+
+    def _read_agreement(self) -> bool:
+        work, value, done = self._pending
+        self._pending = None
+        if done is not None:
+            done.synchronize()
+        else:
+            work.wait()
+        return bool(value.item())
+
+    def _any_rank_received(self, args, step) -> bool:
+        if not _distributed():
+            return self.received is not None
+        stop = self._read_agreement() if self._pending is not None else False
+        if not stop and step % self.check_steps == 0:
+            self._start_agreement(args)
+        return stop
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.stopped_at is not None or not self._any_rank_received(args):
+        if self.stopped_at is not None or not self._any_rank_received(args, state.global_step):
             return
         if state.global_step >= state.max_steps:
             return  # the last step: training ends now anyway and saves its final checkpoint
@@ -92,6 +130,13 @@ class CheckpointOnSignalCallback(TrainerCallback):
             control.should_save = control.should_evaluate = False
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self._pending is not None:  # every rank started it: every rank completes it
+            self._read_agreement()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
+
+
+def _distributed() -> bool:
+    return (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1)

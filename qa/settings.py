@@ -40,6 +40,7 @@ class Number:
     low_open: bool = False
     high_open: bool = False
     also: tuple = ()
+    needs: Optional[str] = None  # another setting that must be given for this one to mean anything
 
     def describe(self) -> str:
         low, high = _plain(self.low), _plain(self.high)
@@ -76,6 +77,9 @@ class Number:
             raise InputError(f"{name}=None", f"must be {self.describe()} ({self.means})", self.fix)
         if not self.accepts(value):
             raise InputError(f"{name}={_plain(value)}", f"must be {self.describe()} ({self.means})", self.fix)
+        if self.needs and values.get(self.needs) is None:
+            raise InputError(f"{name}={_plain(value)}", f"means nothing without --{self.needs} ({self.means})",
+                             f"give --{self.needs} too, or leave {name} out")
 
     def outside(self):
         """A value this rule refuses (the tests walk every setting with one)."""
@@ -262,6 +266,11 @@ SETTINGS = {
     "peak_tflops": Number("one device's dense TFLOP/s, for MFU", "give the device's peak, e.g. 312 for an A100 "
                           "in bf16, or leave it out", low=0, low_open=True, optional=True),
     "telemetry_window": Checked(_telemetry_window),
+    "telemetry_window_min_s": Number("the timed window's least duration, seconds; needs --telemetry_window",
+                                     "give a positive number of seconds, e.g. 20, or leave it out", low=0,
+                                     low_open=True, optional=True, needs="telemetry_window"),
+    "preemption_check_steps": _count("optimizer steps between the ranks' agreement on a SIGTERM",
+                                     "use 1 or more, e.g. 10"),
     "profile_wait": _count("steps skipped before each profiling cycle", "use 0 or more, e.g. 1", low=0),
     "profile_warmup": _count("steps traced and discarded in each cycle", "use 0 or more, e.g. 1", low=0),
     "profile_active": _count("steps recorded in each cycle", "use 1 or more, e.g. 3"),

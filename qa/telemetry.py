@@ -153,12 +153,17 @@ def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
 
 def peak_flops(device_name, precision, override_tflops=None):
     """-> (peak FLOP/s or None, where the figure comes from). `override_tflops` (--peak_tflops)
-    wins; a CPU (device_name None) has no entry: MFU is then null unless overridden."""
+    wins; a CPU (device_name None) has no entry: MFU is then null unless overridden. So is a MIG
+    slice ('NVIDIA H100 80GB HBM3 MIG 1g.10gb'): it has a fraction of the card's units, and
+    the card's peak would understate its MFU by that fraction."""
     if override_tflops:
         return override_tflops * 1e12, f"--peak_tflops {override_tflops:g}"
     if not device_name:
         return None, "no peak for a CPU (pass --peak_tflops)"
     name = device_name.lower()
+    if re.search(r"\bmig\b", name):
+        return None, (f"{device_name!r} is a MIG slice of a GPU, whose share of the card's peak is not known "
+                      "(pass --peak_tflops)")
     for pattern, label, peaks in PEAK_TFLOPS:
         if re.search(pattern, name):
             if precision in peaks:
@@ -224,15 +229,57 @@ def describe_training(args, model, optimizer=None, train_dataloader=None) -> dic
     }
 
 
+_RECOMPILES = {"count": 0, "hooked": False}
+
+
+def _count_recompile(start):
+    # Compile ids read 'frame/attempt' (torch._guards.CompileId): attempt n > 0 compiles a frame
+    # again because the guards of its earlier graphs failed (a new shape, a None for a tensor).
+    attempt = str(getattr(start, "compile_id", "")).rpartition("/")[2]
+    if getattr(getattr(start, "callback_trigger", None), "name", "") == "DYNAMO" and attempt.isdigit() \
+            and int(attempt) > 0:
+        _RECOMPILES["count"] += 1
+
+
+def _hook_recompiles() -> bool:
+    """Counts recompilations from here on (torch's counters have no such count): a callback on
+    every compilation start, registered once per process. False when torch offers no hook."""
+    if not _RECOMPILES["hooked"]:
+        try:
+            import torch._dynamo
+
+            torch._dynamo.callback_handler.register_start_callback(_count_recompile)
+        except (ImportError, AttributeError):
+            return False
+        _RECOMPILES["hooked"] = True
+    return True
+
+
 def compile_stats():
-    """Graphs torch.compile built so far in this process (torch's dynamo counters), or None."""
+    """What torch.compile has done so far in this process (torch._dynamo's counters), or None:
+    `compiles`, the frames dynamo converted (each a first compilation or a recompilation, with
+    their graph breaks' resumed frames); `frames_compiled`, those that succeeded;
+    `unique_graphs`, the graphs built; `recompiles`, compilations of a frame compiled before
+    (counted from the first call of this function on; None if torch has no hook for it);
+    `graph_breaks`. Reading it costs nothing (no device synchronisation): the telemetry reads it
+    at both ends of its timed window."""
     try:
         from torch._dynamo.utils import counters
     except ImportError:
         return None
-    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+    hooked = _hook_recompiles()
+    return {"compiles": int(counters["frames"].get("total", 0)),
             "frames_compiled": int(counters["frames"].get("ok", 0)),
+            "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "recompiles": _RECOMPILES["count"] if hooked else None,
             "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
+def compile_delta(before, after) -> dict:
+    """The compile counts between two compile_stats() readings (None where either is unknown)."""
+    if before is None or after is None:
+        return {}
+    return {k: None if before.get(k) is None or after.get(k) is None else after[k] - before[k] for k in after}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from qa.data import SQUAD_DEV_URL
 from tests.helpers import DEV_SET, REPO
 
 VARIANT_FIELDS = ("samples_per_second", "real_tokens_per_second", "padding_fraction", "mfu_real", "peak_rss_gib",
@@ -35,6 +36,10 @@ def test_report_has_every_variant_and_field(report):
         assert key in r, key
     assert r["size"] == "cpu" and r["versions"]["torch"] and r["versions"]["transformers"]
     assert r["command"].startswith("python bench/run_bench.py --size cpu")
+    # the data named by file and content, not by where it lies on the machine that ran it
+    source = r["data"]["source"]
+    assert source == "synthetic" if not DEV_SET.exists() else (source.startswith("dev-v1.1.json.gz (sha256 ")
+                                                               and "/" not in source)
     for name, v in r["variants"].items():
         for key in VARIANT_FIELDS:
             assert key in v, (name, key)
@@ -51,6 +56,9 @@ def test_values_are_sane(report):
         if not r["gpu_available"]:
             assert v["mfu_real"] is None and v["peak_memory_gib"] is None and v["peak_rss_gib"] > 0, name
     assert set(r["ratios"]) == {"fast/reference", "fast/reference_bf16"}
+    for name, v in r["variants"].items():  # counted for every variant and repeat: nothing compiles here
+        assert v["compiles_in_window"] == 0 and v["repeat_compiles_in_window"] == [0], name
+    assert not any(pair["compiled_in_window"] for pair in r["ratios"].values())
     ratio = r["ratios"]["fast/reference"]["samples_per_second"]
     assert ratio == pytest.approx(r["variants"]["fast"]["samples_per_second"]
                                   / r["variants"]["reference"]["samples_per_second"], rel=1e-2)
@@ -74,3 +82,64 @@ def test_markdown_names_device_versions_command(report):
         assert f"| {name} |" in md
     if not r["gpu_available"]:
         assert "no GPU was available" in md
+
+
+@pytest.mark.parametrize("script, option", [("run_bench.py", "--train_file"), ("parity.py", "--dev"),
+                                            ("bench_features.py", "--dev"), ("bench_postprocess.py", "--dev")])
+def test_a_missing_dev_set_is_one_line_not_a_substitute(script, option, tmp_path):
+    """No generated data stands in for a dev set that is not there (run_bench.py takes it only
+    when asked by name, --dataset_name synthetic), and no traceback: one line, exit 2."""
+    missing = tmp_path / "dev-v1.1.json"
+    out = [] if script == "bench_postprocess.py" else ["--out", str(tmp_path / "results")]  # it prints its result
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), option, str(missing), *out], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, HF_HOME=str(tmp_path / "hf")))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {option} {missing}: "), lines
+    assert "Fix:" in lines[0] and ("--dataset_name synthetic" in lines[0]) == (script == "run_bench.py")
+    assert SQUAD_DEV_URL in lines[0] and "SQUAD_DEV=" in lines[0]  # how to get it, and where to say it is
+    assert not (tmp_path / "results").exists()
+
+
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_bench", REPO / "bench" / "run_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_window_with_compilations_is_marked_and_its_ratios_left_out(report):
+    """The Markdown of the fixture's report, with the fast variant's window made to hold two
+    compilations: the row is marked, its ratios are not printed as results, nor flagged as such
+    in the JSON; the clean variants keep theirs."""
+    import copy
+
+    bench = _bench_module()
+    r, md = report
+    assert "compiles in window" in md and "no result" not in md and "Not results" not in md
+    compiled = copy.deepcopy(r)
+    compiled["variants"]["fast"]["compiles_in_window"] = 2
+    compiled["ratios"] = bench.ratios(compiled["variants"])
+    assert compiled["ratios"]["fast/reference"]["compiled_in_window"] is True
+    text = bench.markdown(compiled)
+    row = next(line for line in text.splitlines() if line.startswith("| **fast**"))
+    assert "(compiled in its window)" in row and row.count("no result (compiled in window)") == 2
+    assert "x" not in row.rsplit("|", 3)[1] and "**Not results: fast.**" in text
+    reference_row = next(line for line in text.splitlines() if line.startswith("| reference |"))
+    assert "compiled" not in reference_row
+
+
+def test_the_reported_run_is_the_median_of_those_that_compiled_nothing():
+    bench = _bench_module()
+
+    def run(rate, compiles):
+        return {"results": {"train_window_samples": rate, "train_window_seconds": 1.0,
+                            "train_window_compiles": compiles}}
+
+    assert bench.median_run([run(10, 0), run(30, 0), run(20, 0)]) == (2, "median of all runs")
+    pick, why = bench.median_run([run(10, 0), run(99, 3), run(20, 0), run(15, 0)])
+    assert pick == 3 and "3 of 4" in why  # 99 samples/s compiled: not among the candidates
+    assert bench.median_run([run(10, 1), run(30, 2), run(20, 1)])[0] == 2  # all compiled: marked in the report

@@ -170,3 +170,26 @@ def test_single_process_records_no_measurement(tmp_path, tmp_path_factory):
     assert "communication" not in json.loads((tmp_path / "environment.json").read_text())
     assert r["train_grad_bytes"] == 4 * r["train_trainable_params"] and r["train_grad_dtype"] == "float32"
     assert r["train_setup"]["world_size"] == 1 and REPO.exists()
+
+
+@pytest.mark.skipif(os.environ.get("QA_TEST_COMPILE") == "0", reason="QA_TEST_COMPILE=0")
+def test_measurement_reuses_the_training_graphs_under_compile(tmp_path, tmp_path_factory):
+    """With torch.compile, a 2-process run that measures its communication compiles exactly the
+    graphs one process compiles: the measured passes run in training mode, as training steps do
+    (in evaluation mode they compiled graphs of their own and recompiled the training ones:
+    measured, 5 graphs and 2 recompilations against 3 and 0)."""
+    env = _env(tmp_path_factory)
+    env["OMP_NUM_THREADS"] = "1"
+    args = [*TINY, "--do_train", "--max_steps", "3", "--save_strategy", "no", "--report_to", "none",
+            "--per_device_train_batch_size", "8", "--torch_compile", "true", "--compile_regional", "true",
+            "--compile_dynamic", "true", "--ddp_find_unused_parameters", "false"]
+    compiled = {}
+    for name, launcher in (("single", (sys.executable,)), ("ddp", TORCHRUN)):
+        proc = run_qa([*args, "--output_dir", str(tmp_path / name)], env, launcher=launcher)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        compiled[name] = results(tmp_path / name)
+    ddp, single = compiled["ddp"], compiled["single"]
+    assert ddp["comm_world_size"] == 2 and ddp["comm_step_sync_s"] > 0  # the passes ran
+    assert ddp["train_setup"]["compile"]["unique_graphs"] > 0
+    for key in ("compiles", "unique_graphs", "recompiles"):
+        assert ddp["train_setup"]["compile"][key] == single["train_setup"]["compile"][key], key

@@ -110,7 +110,20 @@ def test_peak_table():
     value, why = peak_flops(None, "fp32")
     assert value is None and "--peak_tflops" in why  # CPU: MFU null unless given
     assert peak_flops(None, "fp32", override_tflops=2.5) == (2.5e12, "--peak_tflops 2.5")
-    assert peak_flops("Some Future GPU", "bf16")[0] is None
+    value, why = peak_flops("Some Future GPU", "bf16")
+    assert value is None and "Some Future GPU" in why and "--peak_tflops" in why
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 80GB HBM3 MIG 1g.10gb", "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                                  "NVIDIA H200 MIG 7g.141gb"])
+def test_a_mig_slice_has_no_peak(name):
+    """A MIG slice has a fraction of the card's units: the full card's peak would make its MFU
+    look several times lower than it is. Null, with the reason, unless --peak_tflops is given."""
+    from qa.telemetry import peak_flops
+
+    value, why = peak_flops(name, "bf16")
+    assert value is None and "MIG slice" in why and "--peak_tflops" in why
+    assert peak_flops(name, "bf16", override_tflops=140) == (140e12, "--peak_tflops 140")
 
 
 def test_matmul_precision():
@@ -233,16 +246,97 @@ def test_timed_window_counts_only_its_steps():
     assert cut.summary()["train_window_complete"] is False
 
 
+def test_timed_window_counts_the_compilations_inside_it():
+    """torch's counters, read at both ends of the window: a function compiled (and recompiled
+    for a new input kind) inside the window is counted, one compiled before it is not."""
+    import torch
+
+    from qa.callbacks import TelemetryCallback
+
+    @torch.compile(backend="eager")  # dynamo's part only: no code generation, a fraction of a second
+    def double(x):
+        return x * 2
+
+    t = _Tiny()
+    cb = TelemetryCallback(timed_steps=(2, 4))
+    cb.on_train_begin(t.args, t.state, None, model=t.model)
+    for step in range(1, 6):
+        cb.on_step_begin(t.args, t.state, None)
+        if step == 1:
+            double(torch.ones(3))  # compiled before the window
+        if step == 3:
+            double(torch.ones(3))  # a graph it has: nothing compiled
+            double(torch.ones(3, dtype=torch.int64))  # another dtype: its guards fail, a recompile
+        t.state.global_step += 1
+        cb.on_step_end(t.args, t.state, None)
+    cb.on_train_end(t.args, t.state, None)
+    s = cb.summary()
+    assert s["train_window_compiles"] == 1 and s["train_window_recompiles"] == 1 and s["train_window_new_graphs"] == 1
+    before = TelemetryCallback(timed_steps=(3, 4))
+    t.state.global_step = 0
+    before.on_train_begin(t.args, t.state, None, model=t.model)
+    for step in range(1, 5):
+        if step == 2:
+            double(torch.ones(2, 2))  # a new shape, before the window
+        t.state.global_step += 1
+        before.on_step_end(t.args, t.state, None)
+    before.on_train_end(t.args, t.state, None)
+    assert before.summary()["train_window_compiles"] == 0
+
+
+def test_timed_window_with_a_minimum_duration_stays_open_then_stops_training():
+    import time
+
+    from transformers import TrainerControl
+
+    from qa.callbacks import TelemetryCallback
+
+    t = _Tiny()
+    cb = TelemetryCallback(timed_steps=(1, 2), window_min_s=0.25)
+    cb.on_train_begin(t.args, t.state, None, model=t.model)
+    control = TrainerControl()
+    while not control.should_training_stop and t.state.global_step < 100:
+        cb.on_step_begin(t.args, t.state, control)
+        time.sleep(0.05)
+        t.state.global_step += 1
+        cb.on_step_end(t.args, t.state, control)
+    cb.on_train_end(t.args, t.state, control)
+    s = cb.summary()
+    assert control.should_training_stop and s["train_window_complete"] and s["train_window_min_s"] == 0.25
+    assert s["train_window_seconds"] >= 0.25 and s["train_window_last_step"] == t.state.global_step > 2
+    assert s["train_window_steps"] == s["train_window_last_step"] - 1
+    # without a minimum the window closes at its last step and training goes on
+    plain = TelemetryCallback(timed_steps=(1, 2))
+    t.state.global_step = 0
+    plain.on_train_begin(t.args, t.state, None, model=t.model)
+    control = TrainerControl()
+    for _ in range(4):
+        t.state.global_step += 1
+        plain.on_step_end(t.args, t.state, control)
+    plain.on_train_end(t.args, t.state, control)
+    assert plain.summary()["train_window_last_step"] == 2 and not control.should_training_stop
+
+
 def test_run_callbacks_follow_the_arguments():
     from qa.args import RunArguments
     from qa.callbacks import RunCallbacks, TelemetryCallback
     from qa.communication import CommunicationCallback
     from qa.preemption import CheckpointOnSignalCallback
     from qa.profiling import ProfilerCallback
+    from qa.trial_steps import CompileWarmupCallback
 
     training_args = SimpleNamespace(output_dir="x")
     kinds = [type(c) for c in RunCallbacks(RunArguments(profile=True), training_args).callbacks]
     assert kinds == [TelemetryCallback, ProfilerCallback, CheckpointOnSignalCallback, CommunicationCallback]
+    compiled = RunCallbacks(RunArguments(compile_warmup=True, preemption_check_steps=4),
+                            SimpleNamespace(output_dir="x", torch_compile=True))
+    assert [type(c) for c in compiled.callbacks] == [TelemetryCallback, CheckpointOnSignalCallback,
+                                                     CompileWarmupCallback, CommunicationCallback]
+    # their time before the first step is set aside from its data time
+    assert compiled.telemetry.overhead_sources == [compiled.warmup, compiled.communication]
+    assert compiled.preemption.check_steps == 4
+    uncompiled = RunCallbacks(RunArguments(compile_warmup=True), SimpleNamespace(output_dir="x", torch_compile=False))
+    assert uncompiled.warmup is None  # nothing to warm up
     fewest = RunCallbacks(RunArguments(telemetry=False, checkpoint_on_sigterm=False), training_args)
     # the communication callback stays: it acts only in distributed runs
     assert [type(c) for c in fewest.callbacks] == [CommunicationCallback]

@@ -1,0 +1,157 @@
+"""No compilation inside a timed window: the telemetry counts the compilations between the ends
+of its window (torch's counters), an unpadded batch no longer recompiles the regionally compiled
+layers (they always see an attention mask: qa.attention), and the compile warm-up compiles every
+batch shape before training without changing what training does (qa.trial_steps).
+
+The compiled runs take 30-90 s each on 2 cores; QA_TEST_COMPILE=0 skips them."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, minilm_tokenizer
+
+needs_compile = pytest.mark.skipif(os.environ.get("QA_TEST_COMPILE") == "0", reason="QA_TEST_COMPILE=0")
+QUESTION = "what is here?"
+
+
+def _record(i, length):
+    """A question whose single feature is exactly `length` tokens long with the bundled vocabulary
+    ([CLS] 4 question tokens [SEP] context [SEP]; 'word' is one token, the last sentence five)."""
+    context = "word " * (length - 12) + "The answer is Paris."
+    return {"id": f"q{i}", "title": "t", "context": context, "question": QUESTION,
+            "answers": {"text": ["Paris"], "answer_start": [context.index("Paris")]}}
+
+
+def _train_file(path, lengths):
+    tok = minilm_tokenizer()
+    records = [_record(i, n) for i, n in enumerate(lengths)]
+    for r, n in zip(records, lengths):
+        assert len(tok(r["question"], r["context"])["input_ids"]) == n
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def _run(tmp_path, lengths, *extra):
+    """run_qa.py on a file whose features come in this order (sequential sampling, batches of 4)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "out"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("TENSORBOARD_LOGGING_DIR", None)
+    args = ["--model_name_or_path", "bundled:tiny-bert", "--train_file", _train_file(tmp_path / "train.jsonl", lengths),
+            "--do_train", "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "16",
+            "--pad_to_max_length", "false", "--train_sampling_strategy", "sequential",
+            "--per_device_train_batch_size", "4", "--use_cpu", "true", "--dataloader_num_workers", "0",
+            "--torch_compile", "true", "--compile_regional", "true", "--report_to", "none", "--save_strategy", "no",
+            "--output_dir", str(out), *extra]
+    proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "all_results.json").read_text()), proc
+
+
+def test_sdpa_with_mask_computes_what_sdpa_computes(tmp_path):
+    """The same attention, with the mask passed even when nothing is padding."""
+    import torch
+
+    from qa.args import ModelArguments
+    from qa.attention import SDPA_WITH_MASK
+    from qa.model import load_model_and_tokenizer
+
+    tok = minilm_tokenizer()
+    padded = tok(["who is it?", "where?"], ["it is a test of attention", "here"], padding=True, return_tensors="pt")
+    full = tok(["who is it?", "who was he?"], ["a test", "the end"], padding=True, return_tensors="pt")
+    assert not bool(padded["attention_mask"].all()) and bool(full["attention_mask"].all())
+    out = {}
+    for compile in (False, True):
+        model, _ = load_model_and_tokenizer(ModelArguments("bundled:tiny-bert"), work_dir=tmp_path, compile=compile)
+        assert model.config._attn_implementation == (SDPA_WITH_MASK if compile else "sdpa")
+        with torch.no_grad():
+            out[compile] = [model.eval()(**batch).start_logits for batch in (padded, full)]
+    for plain, masked in zip(out[False], out[True]):
+        torch.testing.assert_close(plain, masked, atol=1e-6, rtol=1e-5)
+
+
+@needs_compile
+def test_an_unpadded_batch_after_warm_up_does_not_recompile(tmp_path):
+    """Steps 1-2 are padded batches of two widths (the compiled layers trace symbolic lengths and
+    an attention mask); step 3, inside the window, has no padding at all: transformers would hand
+    the layers no mask, and they would recompile (measured: 1 compilation in the window)."""
+    lengths = [40, 36, 36, 36] + [48, 44, 44, 44] + [48, 48, 48, 48]
+    results, _ = _run(tmp_path, lengths, "--compile_dynamic", "true", "--max_steps", "3", "--telemetry_window", "2:3")
+    assert results["train_window_complete"] and results["train_window_steps"] == 1
+    assert results["train_window_padding_fraction"] == 0  # the window's batch has no padding
+    assert results["train_setup"]["attn_implementation"] == "sdpa_with_mask"
+    assert results["train_setup"]["compile"]["unique_graphs"] > 0  # it compiled, before the window
+    assert results["train_window_compiles"] == 0 and results["train_window_recompiles"] == 0
+
+
+@needs_compile
+def test_compile_warm_up_compiles_every_width_before_the_window(tmp_path):
+    """Static graphs (one per padded width): widths 64 and 96 come first inside the window. Without
+    the warm-up the window holds their compilations (and the telemetry counts them); with it,
+    every width was compiled before the first step and the window holds none."""
+    lengths = [30, 28, 28, 28] + [31, 29, 29, 29] + [60, 50, 50, 50] + [90, 70, 70, 70]
+    common = ["--compile_dynamic", "false", "--pad_to_multiple_of", "32", "--dataloader_drop_last", "true",
+              "--max_steps", "4", "--telemetry_window", "2:4"]
+    cold, _ = _run(tmp_path / "cold", lengths, *common)
+    assert cold["train_window_compiles"] >= 2 and cold["train_window_new_graphs"] >= 2, cold
+    warm, proc = _run(tmp_path / "warm", lengths, *common, "--compile_warmup", "true")
+    assert warm["compile_warmup_shapes"] == [[4, 32], [4, 64], [4, 96]]  # batch x width; drop_last: no smaller one
+    assert warm["train_window_compiles"] == 0 and warm["train_window_new_graphs"] == 0, warm
+    assert "compile warm-up: 3 batch shapes" in proc.stderr
+    # the warm-up's time is set aside from the first step's data time (it is in the warm-up figure)
+    assert warm["train_data_time_total_s"] < warm["compile_warmup_s"] < warm["train_window_warmup_s"]
+
+
+def test_batch_shapes_cover_every_bucket():
+    from qa.trial_steps import batch_shapes
+
+    lengths = [10, 70, 12, 90, 15, 65, 40]
+    shapes = batch_shapes(lengths, 3, width_of=lambda n: -(-n // 32) * 32, last_batch=1)
+    assert shapes == [(32, [0, 2, 4]), (32, [0]), (64, [6, 6, 6]), (64, [6]), (96, [1, 3, 5]), (96, [1])]
+    assert batch_shapes([128] * 5, 4, width_of=lambda n: n) == [(128, [0, 1, 2, 3])]
+
+
+def test_compile_warm_up_leaves_training_unchanged(tmp_path):
+    """The warm-up's passes (here on an uncompiled model: the same passes, seconds instead of
+    minutes) put back every random generator and clear the gradients: the run's losses and
+    weights are exactly those of a run without it."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from qa.args import ModelArguments
+    from qa.collate import BucketPaddingCollator
+    from qa.features import prepare_train_features
+    from qa.model import load_model_and_tokenizer
+    from qa.trial_steps import CompileWarmupCallback
+    from trainer_qa import QuestionAnsweringTrainer
+
+    tok = minilm_tokenizer()
+    records = [_record(i, n) for i, n in enumerate([20, 33, 47, 26, 58, 40, 35, 61, 22, 50, 44, 29])]
+    examples = Dataset.from_list(records)
+    features = examples.map(prepare_train_features, batched=True, remove_columns=examples.column_names,
+                            fn_kwargs=dict(tokenizer=tok, max_seq_length=128, doc_stride=32, max_query_length=16,
+                                           pad_to_max_length=False))
+    runs = {}
+    for warm in (False, True):
+        model, _ = load_model_and_tokenizer(ModelArguments("bundled:tiny-bert"), work_dir=tmp_path)
+        args = TrainingArguments(str(tmp_path / f"out-{warm}"), use_cpu=True, report_to="none", max_steps=6,
+                                 per_device_train_batch_size=4, learning_rate=1e-3, logging_steps=1, seed=3,
+                                 save_strategy="no")
+        trainer = QuestionAnsweringTrainer(model=model, args=args, train_dataset=features, processing_class=tok,
+                                           data_collator=BucketPaddingCollator(tok, 128, pad_to_multiple_of=16))
+        callback = CompileWarmupCallback()
+        if warm:
+            callback.bind(trainer)
+            trainer.add_callback(callback)
+        trainer.train()
+        runs[warm] = ([e["loss"] for e in trainer.state.log_history if "loss" in e],
+                      [p.detach().clone() for p in model.parameters()], callback.record)
+    assert runs[True][2]["compile_warmup_shapes"] == [[4, 32], [4, 48], [4, 64]]
+    assert runs[True][0] == runs[False][0] and len(runs[True][0]) == 6
+    assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
