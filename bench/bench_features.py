@@ -32,7 +32,7 @@ from pathlib import Path
 
 from run_bench import DEV_SET  # the script beside this one
 
-from qa.data import require_squad_dev
+from qa.data.sources import require_squad_dev
 from qa.errors import command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,11 +135,11 @@ def main(argv=None):
 
     from transformers import AutoTokenizer
 
-    from qa.data import read_squad_file
+    from qa.data import read_squad
     from qa.model import bundled_minilm_dir
 
     load = [os.getloadavg()]
-    examples = read_squad_file(args.dev)
+    examples = read_squad(args.dev).dataset
     tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
     tokenizer(["warm up"], ["the tokenizer"])
     columns = {k: examples[k][:] for k in ("id", "question", "context", "answers")}

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 from run_bench import DEV_SET  # the script beside this one
 
-from qa.data import read_squad_file, require_squad_dev
+from qa.data import read_squad
+from qa.data.sources import require_squad_dev
 from qa.errors import command
 from qa.features import prepare_validation_features
 from qa.model import bundled_minilm_dir
@@ -30,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def load_examples(path):
-    return read_squad_file(path).select_columns(["id", "question", "context"]).to_dict()
+    return read_squad(path).dataset.select_columns(["id", "question", "context"]).to_dict()
 
 
 def best_of(repeat, fn, *args, **kwargs):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from run_bench import DEV_SET, RESULTS, REFERENCE, _slug, to_flags, variant_settings  # the script beside this one
 
-from qa.data import require_squad_dev
+from qa.data.sources import require_squad_dev
 from qa.errors import command
 
 REPO = Path(__file__).resolve().parents[1]

@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from qa.config import to_flags  # noqa: F401  (re-exported for parity.py)
-from qa.data import require_squad_dev, squad_dev_path
+from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.model import build_random_bert
 from qa.telemetry import mfu, model_flops, peak_flops

@@ -21,8 +21,8 @@ of its JSON), bad input gives a one-line `error: ...` instead of a traceback, an
 precision-recall plots are not produced.
 
 Public API: `normalize_answer`, `squad_v1_scores`, `squad_v2_scores`, `squad_scores`,
-`scores_from_examples`, `main` (the `score` command). Files are read by qa.data, the project's one
-reader of SQuAD files (its `load_squad_json` and `is_squad_v2` are re-exported here).
+`scores_from_examples`, `main` (the `score` command). The dataset is read by qa.data (`read_squad`),
+the project's one reader of SQuAD files; predictions and probabilities by qa.io's `read_json`.
 """
 import argparse
 import collections
@@ -31,8 +31,9 @@ import re
 import string
 import sys
 
-from qa.data import is_squad_v2, load_squad_file, load_squad_json, read_json  # noqa: F401
+from qa.data import read_squad
 from qa.errors import InputError, command
+from qa.io import read_json
 
 # ---------------------------------------------------------------------------------------------
 # Answer normalisation and per-answer scores
@@ -290,7 +291,7 @@ def _parser():
 
 
 def _load_predictions(path):
-    predictions = read_json(path)
+    predictions = read_json(path, "predictions file")
     fix = "write a JSON object mapping each question id to its answer text"
     if not isinstance(predictions, dict):
         raise InputError(str(path), f"holds a JSON {_json_type(predictions)}, not an object", fix)
@@ -302,7 +303,7 @@ def _load_predictions(path):
 
 
 def _load_na_probs(path, qids, predictions):
-    na_probs = read_json(path)
+    na_probs = read_json(path, "no-answer probability file")
     fix = "write a JSON object mapping each question id to its probability of having no answer"
     if not isinstance(na_probs, dict):
         raise InputError(str(path), f"holds a JSON {_json_type(na_probs)}, not an object", fix)
@@ -352,7 +353,7 @@ def _coverage_note(qids, predictions, args, version_2):
 def _score_files(args):
     # The project's one reader: the same layout checks and messages as training and evaluation
     # (answer positions are not checked: the metric compares texts).
-    squad = load_squad_file(args.dataset_file, check_answer_spans=False)
+    squad = read_squad(args.dataset_file, check_answer_spans=False)
     questions = _flat_questions(squad.dataset)
     predictions = _load_predictions(args.predictions_file)
     note = _coverage_note([qid for qid, _ in questions], predictions, args, squad.version_2)

@@ -158,7 +158,7 @@ class Checked:
 
 
 def _data_file(value) -> None:
-    from .data import check_data_file
+    from .data.files import check_data_file
 
     check_data_file(str(value))
 
@@ -171,7 +171,7 @@ def _model_source(value) -> None:
 
 def _articles(option):
     def check(value):
-        from .data import parse_slice
+        from .data.sources import parse_slice
 
         parse_slice(value, option)
     return check

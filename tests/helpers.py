@@ -2,7 +2,7 @@
 import functools
 from pathlib import Path
 
-from qa.data import squad_dev_path
+from qa.data.sources import squad_dev_path
 
 REPO = Path(__file__).resolve().parents[1]
 # The official SQuAD v1.1 dev set: $SQUAD_DEV, or ../shared/data/squad/dev-v1.1.json.gz beside the
@@ -14,9 +14,9 @@ DEV_SET = squad_dev_path()
 def dev_set_columns():
     """The official dev set as columns (id, title, context, question, answers), in file order,
     read by the project's own loader. Callers must not modify it."""
-    from qa.data import read_squad_file
+    from qa.data import read_squad
 
-    return read_squad_file(DEV_SET).to_dict()
+    return read_squad(DEV_SET).dataset.to_dict()
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from qa.data import SQUAD_DEV_URL
+from qa.data.sources import SQUAD_DEV_URL
 from tests.helpers import DEV_SET, REPO
 
 VARIANT_FIELDS = ("samples_per_second", "real_tokens_per_second", "padding_fraction", "mfu_real", "peak_rss_gib",

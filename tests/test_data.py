@@ -1,4 +1,4 @@
-"""Tests of qa/data.py: every file format, the real dev set, the Hub path and every bad input."""
+"""Tests of qa/data/: every file format, the real dev set, the Hub path and every bad input."""
 import gzip
 import json
 import os
@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from qa.args import DataArguments
-from qa.data import load_raw_datasets, parse_slice, read_squad_file, select_articles
+from qa.data import load_raw_datasets, read_squad
+from qa.data.sources import parse_slice, select_articles
 from qa.errors import InputError
 from tests.helpers import DEV_SET
 
@@ -168,7 +169,7 @@ def test_all_three_splits_from_files_and_parquet_round_trip(tmp_path):
     data = load_raw_datasets(args)
     assert list(data) == ["train", "validation", "test"]
     data["validation"].to_parquet(str(tmp_path / "hub-like.parquet"))
-    again = read_squad_file(tmp_path / "hub-like.parquet")
+    again = read_squad(tmp_path / "hub-like.parquet").dataset
     assert again.to_list() == rows == data["test"].to_list()
 
 
@@ -195,7 +196,7 @@ def test_v2_data_loads_with_the_flag(tmp_path):
     pd.DataFrame(pair_records(expected_rows()[2:]) + [
         {"id": "q5", "title": "Rivers", "context": "x", "question": "Who?", "answer_text": "",
          "answer_start": ""}]).to_csv(csv_path, index=False)
-    rows = read_squad_file(csv_path, version_2_with_negative=True).to_list()
+    rows = read_squad(csv_path, version_2_with_negative=True).dataset.to_list()
     assert rows[-1]["answers"] == {"text": [], "answer_start": []}
 
 
@@ -442,7 +443,7 @@ def test_unknown_hub_dataset(monkeypatch):
 def test_hub_splits_articles_and_files_mix(monkeypatch, tmp_path):
     from datasets import DatasetDict
     hub_path, rows = _official_json(tmp_path)
-    hub = DatasetDict({"train": read_squad_file(hub_path), "validation": read_squad_file(hub_path)})
+    hub = DatasetDict({"train": read_squad(hub_path).dataset, "validation": read_squad(hub_path).dataset})
     calls = _fake_hub(monkeypatch, hub)
     file_path = write_jsonl(tmp_path / "mine.jsonl", expected_rows()[2:])
     args = DataArguments(dataset_config_name="plain_text", validation_file=str(file_path),
@@ -459,12 +460,12 @@ def test_real_load_dataset_from_a_local_repo_folder(tmp_path):
     path, rows = _official_json(tmp_path)
     repo = tmp_path / "squad-repo" / "plain_text"
     repo.mkdir(parents=True)
-    read_squad_file(path).to_parquet(str(repo / "train-00000-of-00001.parquet"))
-    read_squad_file(path).select(range(2, 4)).to_parquet(str(repo / "validation-00000-of-00001.parquet"))
+    read_squad(path).dataset.to_parquet(str(repo / "train-00000-of-00001.parquet"))
+    read_squad(path).dataset.select(range(2, 4)).to_parquet(str(repo / "validation-00000-of-00001.parquet"))
     args = DataArguments(dataset_name=str(tmp_path / "squad-repo"), validation_articles="-1:")
     data = load_raw_datasets(args, splits=("train", "validation"), cache_dir=str(tmp_path / "cache"))
     assert data["train"].to_list() == rows and data["validation"].to_list() == rows[2:]
-    assert data["train"].features == read_squad_file(path).features
+    assert data["train"].features == read_squad(path).dataset.features
 
 
 def test_hub_v2_data_needs_the_flag(monkeypatch, tmp_path):
@@ -472,7 +473,7 @@ def test_hub_v2_data_needs_the_flag(monkeypatch, tmp_path):
     rows = expected_rows()
     rows[0]["answers"] = {"text": [], "answer_start": []}
     path = write_jsonl(tmp_path / "v2.jsonl", rows)
-    _fake_hub(monkeypatch, DatasetDict({"validation": read_squad_file(path, True)}))
+    _fake_hub(monkeypatch, DatasetDict({"validation": read_squad(path, True).dataset}))
     args = DataArguments(dataset_name="rajpurkar/squad_v2")
     with pytest.raises(InputError, match=r"squad_v2.*'q1'.*Fix: pass --version_2_with_negative"):
         load_raw_datasets(args, splits=("validation",))
@@ -486,12 +487,11 @@ def test_no_source_at_all():
 
 
 # ------------------------------------------------------------------------------------------------
-# Synthetic data (qa/synthetic.py is written by another engineer)
+# Synthetic data
 
 
 @pytest.mark.parametrize("v2", [False, True])
 def test_synthetic(v2):
-    pytest.importorskip("qa.synthetic", reason="qa/synthetic.py is not written yet")
     args = DataArguments(dataset_name="synthetic", synthetic_train_examples=30,
                          synthetic_eval_examples=12, synthetic_seed=3, version_2_with_negative=v2,
                          validation_articles=":")
@@ -555,7 +555,7 @@ def test_file_named_gz_that_is_not_compressed(tmp_path):
     path = tmp_path / "dev.json.gz"
     path.write_text(json.dumps(official()))
     with pytest.raises(InputError, match=r"dev.json.gz: is named .gz but is not gzip-compressed\. Fix: drop"):
-        read_squad_file(path)
+        read_squad(path).dataset
 
 
 @pytest.mark.parametrize("empty", [True, False])

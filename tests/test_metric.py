@@ -9,6 +9,7 @@ import string
 import pytest
 
 from qa import metric
+from qa.data.sources import is_squad_v2, read_official_squad
 from qa.metric import (
     normalize_answer, scores_from_examples, squad_scores, squad_v1_scores, squad_v2_scores)
 from tests.helpers import DEV_SET as DEV_V11
@@ -389,7 +390,7 @@ needs_dev = pytest.mark.skipif(not DEV_V11.exists(), reason=f"SQuAD v1.1 dev set
 
 @pytest.fixture(scope="module")
 def dev():
-    return metric.load_squad_json(DEV_V11)
+    return read_official_squad(DEV_V11)
 
 
 def dev_questions(dev):
@@ -398,7 +399,7 @@ def dev_questions(dev):
 
 @needs_dev
 def test_dev_first_gold_scores_100(dev):
-    assert not metric.is_squad_v2(dev)
+    assert not is_squad_v2(dev)
     preds = {qa["id"]: qa["answers"][0]["text"] for qa in dev_questions(dev)}
     assert squad_v1_scores(dev["data"], preds) == {"exact_match": 100.0, "f1": 100.0}
     assert scores_from_examples(flat(dev["data"]), preds, False) == {"exact_match": 100.0, "f1": 100.0}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qa import synthetic
-from qa.synthetic import make_synthetic_squad, write_synthetic_squad
+from qa.data import synthetic
+from qa.data.synthetic import make_synthetic_squad, write_synthetic_squad
 
 
 def _questions(data):

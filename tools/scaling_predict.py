@@ -36,7 +36,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from qa.data import read_json
+from qa.io import read_json
 from qa.errors import InputError, command
 from qa.io import atomic_write_json
 from qa.scaling_model import (BACKWARD_SHARE, BERT_BASE_EMBEDDING_PARAMS, BERT_BASE_QA_PARAMS, DDP_BUCKET_BYTES,

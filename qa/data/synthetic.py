@@ -7,7 +7,7 @@ right sentence. About 5% of paragraphs are long (9-11 sentences) so that the sli
 is exercised at max_seq_length 128. With `version_2_with_negative`, about a third of the
 questions ask about a relation or entity the paragraph does not state, and have no answer.
 
-    python -m qa.synthetic train.json.gz --n 2000 --seed 0 [--v2]
+    python -m qa.data.synthetic train.json.gz --n 2000 --seed 0 [--v2]
 """
 import argparse
 import gzip

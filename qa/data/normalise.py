@@ -1,0 +1,280 @@
+"""The common table every source becomes before it is checked.
+
+Official nested SQuAD, flat records (JSON, JSON Lines) and columns (CSV, parquet, the Hub) all
+become one `Table`: the columns of the Hub's `rajpurkar/squad`, each question's answers as
+`{"text": [...], "answer_start": [...]}` whatever form they came in, and where each row came from
+for the messages. The accepted forms are listed in qa/data/__init__.py.
+"""
+import json
+import numbers
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+from ..errors import InputError
+from .files import LINE_KEY, RawFile
+
+COLUMNS = ("id", "title", "context", "question", "answers")
+EXPECTED_COLUMNS = ("id, title (optional), context, question, and answers "
+                    "(or answer_text + answer_start)")
+
+
+def squad_features():
+    """The features of the Hub's `rajpurkar/squad` (answer_start is int32 there)."""
+    from datasets import Features, List as ListOf, Value
+    return Features({
+        "id": Value("string"), "title": Value("string"), "context": Value("string"),
+        "question": Value("string"),
+        "answers": {"text": ListOf(Value("string")), "answer_start": ListOf(Value("int32"))},
+    })
+
+
+@dataclass
+class Table:
+    """Questions as columns (those of `COLUMNS`), with what the source said about itself."""
+    where: str                   # the file, or the Hub dataset and split
+    id: List[str] = field(default_factory=list)
+    title: List[str] = field(default_factory=list)
+    context: List[str] = field(default_factory=list)
+    question: List[str] = field(default_factory=list)
+    answers: List[dict] = field(default_factory=list)
+    has_answers: bool = True     # False: a test file without any answers
+    version: Optional[str] = None  # the official JSON's "version" field
+    declares_v2: bool = False    # version "v2.0" or a question marked is_impossible
+    locate: Callable[[int], str] = lambda i: f"record {i + 1}"
+
+    def name(self, i: int) -> str:
+        """`FILE, question 'ID' (record N)`: where row i is, for error messages."""
+        qid = self.id[i]
+        return f"{self.where}, question {qid!r} ({self.locate(i)})" if qid else \
+            f"{self.where}, {self.locate(i)}"
+
+    def to_dataset(self):
+        import pyarrow as pa
+        from datasets import Dataset, DatasetInfo
+        features = squad_features()
+        if not self.has_answers:  # unlabelled: no answers column rather than one of empty lists
+            del features["answers"]
+        arrow = pa.Table.from_pydict({c: getattr(self, c) for c in features},
+                                     schema=features.arrow_schema)
+        return Dataset(arrow, info=DatasetInfo(features=features))
+
+
+def table_from_raw(raw: RawFile, require_answers: bool) -> Table:
+    """A parsed data file as a Table."""
+    if raw.shape == "document":
+        return table_from_document(raw.content, raw.path, require_answers)
+    if raw.shape == "records":
+        return table_from_records(raw.content, raw.path, require_answers, lines=True)
+    return table_from_columns(raw.content, raw.path, require_answers, locate=lambda i: f"row {i + 1}")
+
+
+def table_from_document(obj, path: str, require_answers: bool) -> Table:
+    """A JSON document: official SQuAD (nested), a list of records or {"data": [records]}."""
+    if isinstance(obj, dict) and isinstance(obj.get("data"), list):
+        items = obj["data"]
+    elif isinstance(obj, list):
+        items = obj
+    else:
+        found = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__
+        raise InputError(path, f"unknown layout (top level: {found})",
+                         'give the official SQuAD JSON {"version", "data": [{"title", '
+                         '"paragraphs": [...]}]}, a list of records or {"data": [records]} with '
+                         f"columns {EXPECTED_COLUMNS}")
+    if items and isinstance(items[0], dict) and "paragraphs" in items[0]:
+        table = table_from_nested(items, path, require_answers)
+        table.version = _text(obj.get("version")) or None if isinstance(obj, dict) else None
+        table.declares_v2 |= table.version == "v2.0"
+        return table
+    return table_from_records(items, path, require_answers)
+
+
+def table_from_nested(articles: list, path: str, require_answers: bool) -> Table:
+    """The official SQuAD layout: articles > paragraphs > qas > answers."""
+    table = Table(where=path, has_answers=False)
+    places = []
+    for a, article in enumerate(articles):
+        title = _text(article.get("title")) if isinstance(article, dict) else ""
+        place = f"article {a + 1} {title!r}"
+        for paragraph in _field(article, "paragraphs", list, f"{path}, {place}"):
+            context = _text(_field(paragraph, "context", None, f"{path}, {place}"))
+            for qa in _field(paragraph, "qas", list, f"{path}, {place}"):
+                if not isinstance(qa, dict):
+                    raise InputError(f"{path}, {place}", "has a question that is not an object",
+                                     "write each question as {\"id\", \"question\", \"answers\"}")
+                qid = _text(_field(qa, "id", None, f"{path}, {place}"))
+                where = f"{path}, question {qid!r}"
+                table.id.append(qid)
+                table.title.append(title)
+                table.context.append(context)
+                table.question.append(_text(_field(qa, "question", None, where)))
+                table.answers.append(_nested_answers(qa, where, require_answers))
+                table.has_answers |= "answers" in qa
+                table.declares_v2 |= qa.get("is_impossible") is True
+                places.append(place)
+    table.locate = places.__getitem__
+    return _non_empty(table)
+
+
+def _nested_answers(qa: dict, where: str, require_answers: bool) -> dict:
+    if "answers" not in qa and not require_answers:
+        return {"text": [], "answer_start": []}
+    answers = _answers_from_value(_field(qa, "answers", list, where), where)
+    if qa.get("is_impossible") and answers["text"]:
+        count = plural(len(answers["text"]), "answer")
+        raise InputError(where, f"is marked is_impossible but has {count}",
+                         "remove its answers or set is_impossible to false")
+    return answers
+
+
+def _field(obj, key: str, kind, where: str):
+    if not isinstance(obj, dict):
+        raise InputError(where, f"expected a JSON object, found a {type(obj).__name__}",
+                         "follow the official SQuAD layout")
+    if key not in obj:
+        raise InputError(where, f"has no {key!r} field (fields found: {', '.join(sorted(obj))})",
+                         "follow the official SQuAD layout: article {title, paragraphs}, paragraph "
+                         "{context, qas}, question {id, question, answers}")
+    value = obj[key]
+    if kind is not None and not isinstance(value, kind):
+        raise InputError(where, f"field {key!r} is a {type(value).__name__}, not a "
+                         f"{kind.__name__}", "follow the official SQuAD layout")
+    return value
+
+
+def table_from_records(records: list, path: str, require_answers: bool, lines=False) -> Table:
+    """Flat records (a JSON list or JSON Lines) into columns, then into a Table."""
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise InputError(f"{path}, record {i + 1}", f"is a {type(record).__name__}, not an "
+                             "object", f"write each record as an object with columns "
+                             f"{EXPECTED_COLUMNS}")
+    keys = list(dict.fromkeys(k for record in records for k in record))
+    columns = {k: [record.get(k) for record in records] for k in keys}
+    if lines:
+        line_numbers = columns.pop(LINE_KEY, [])
+        locate = lambda i: f"line {line_numbers[i]}"  # noqa: E731
+    else:
+        locate = lambda i: f"record {i + 1}"  # noqa: E731
+    return table_from_columns(columns, path, require_answers, locate)
+
+
+def table_from_columns(columns: Dict[str, list], path: str, require_answers: bool,
+                       locate: Callable[[int], str]) -> Table:
+    """Flat columns (from any format) into a Table; the answers may take any accepted form."""
+    if not columns or not len(next(iter(columns.values()))):
+        raise InputError(path, "contains no questions", "give a file with SQuAD data")
+    has_dict = "answers" in columns
+    has_pair = "answer_text" in columns and "answer_start" in columns
+    missing = [c for c in ("id", "context", "question") if c not in columns]
+    if require_answers and not (has_dict or has_pair):
+        missing.append("answers")
+    if missing:
+        raise InputError(path, f"missing column(s) {', '.join(missing)} (found: "
+                         f"{', '.join(columns) or 'none'})",
+                         f"give the columns {EXPECTED_COLUMNS}")
+    n = len(columns["id"])
+    table = Table(where=path, locate=locate, has_answers=has_dict or has_pair)
+    table.id = [_text(v) for v in columns["id"]]
+    table.title = [_text(v) for v in columns.get("title", [""] * n)]
+    table.context = [_text(v) for v in columns["context"]]
+    table.question = [_text(v) for v in columns["question"]]
+    if has_dict:
+        table.answers = [_answers_from_value(v, table.name(i)) for i, v in
+                         enumerate(columns["answers"])]
+    elif has_pair:
+        table.answers = [_answers_from_pair(t, s, table.name(i)) for i, (t, s) in
+                         enumerate(zip(columns["answer_text"], columns["answer_start"]))]
+    else:
+        table.answers = [{"text": [], "answer_start": []} for _ in range(n)]
+    return _non_empty(table)
+
+
+def _non_empty(table: Table) -> Table:
+    if not table.id:
+        raise InputError(table.where, "contains no questions", "give a file with SQuAD data")
+    return table
+
+
+def _text(value) -> str:
+    if type(value) is str:
+        return value
+    if value is None or (isinstance(value, float) and value != value):  # None or NaN
+        return ""
+    return str(value)
+
+
+def _answers_from_value(value, where: str) -> dict:
+    """`answers` as a dict of lists, a list of dicts, a JSON string of either, or empty."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return {"text": [], "answer_start": []}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise InputError(where, f"its answers are not valid JSON ({exc.msg} at column "
+                             f"{exc.colno}): {short(value)}",
+                             'write them as {"text": [...], "answer_start": [...]}') from exc
+    if isinstance(value, dict) and "text" in value and "answer_start" in value:
+        texts, starts = _as_list(value["text"]), _as_list(value["answer_start"])
+    elif isinstance(value, list) and all(isinstance(a, dict) and "text" in a and "answer_start" in a
+                                         for a in value):
+        texts = [a["text"] for a in value]
+        starts = [a["answer_start"] for a in value]
+    else:
+        raise InputError(where, f"its answers have an unknown form: {short(value)}",
+                         'write them as {"text": [...], "answer_start": [...]} or as '
+                         '[{"text": ..., "answer_start": ...}]')
+    if len(texts) != len(starts):
+        raise InputError(where, f"has {plural(len(texts), 'answer text')} but "
+                         f"{plural(len(starts), 'answer_start value')}",
+                         "give one answer_start per answer text")
+    return {"text": [_text(t) for t in texts], "answer_start": [_to_int(s, where) for s in starts]}
+
+
+def _answers_from_pair(text, start, where: str) -> dict:
+    """Separate `answer_text` / `answer_start` columns: one value each, or lists."""
+    if _is_blank(text) and _is_blank(start):
+        return {"text": [], "answer_start": []}
+    if _is_blank(start):
+        raise InputError(where, f"has answer_text {short(text)} but no answer_start",
+                         "give the answer's character offset in the context as answer_start")
+    return _answers_from_value({"text": text, "answer_start": start}, where)
+
+
+def _is_blank(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return len(value) == 0
+    return _text(value).strip() == ""
+
+
+def _as_list(value) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if hasattr(value, "tolist"):  # numpy array
+        return list(value.tolist())
+    return [value]
+
+
+def _to_int(value, where: str) -> int:
+    if type(value) is int:
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    raise InputError(where, f"answer_start {value!r} is not a whole number",
+                     "give the answer's character offset in the context (0 = first character)")
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def short(value, limit: int = 60) -> str:
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return text[:limit - 4] + "..." + text[-1]  # keep the closing quote or bracket
