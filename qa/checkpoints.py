@@ -27,7 +27,7 @@ from pathlib import Path
 import xxhash
 
 from .errors import InputError
-from .io import atomic_write_json
+from .io import atomic_write_json, read_json
 
 logger = logging.getLogger(__name__)
 COMPLETE_MARKER = "checkpoint_complete.json"
@@ -76,8 +76,8 @@ def write_marker(folder, global_step: int) -> None:
 
 def _marker(folder: Path):
     try:
-        marker = json.loads((folder / COMPLETE_MARKER).read_text())
-    except (OSError, ValueError):
+        marker = read_json(folder / COMPLETE_MARKER)
+    except InputError:  # missing, unreadable or cut short: no usable marker
         return None
     return marker if isinstance(marker, dict) else None
 
@@ -133,10 +133,12 @@ def _format_problem(folder: Path):
             elif name.endswith((".pt", ".pth")):  # torch.save writes zip files (a .bin may be another format)
                 problem = "is not a torch zip file (cut short?)"
             elif name.endswith(".json"):
-                json.loads(path.read_text())
+                read_json(path)
                 problem = None
             else:
                 problem = None
+        except InputError as err:
+            problem = f"cannot be read ({err.problem})"
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
             problem = f"cannot be read ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
         if problem:

@@ -5,13 +5,13 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 
 from transformers import HfArgumentParser, TrainingArguments
 
 from .args import DataArguments, ModelArguments, RunArguments
 from .console import configure_output
 from .errors import InputError, command
+from .io import read_json
 from .settings import check_settings
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
@@ -36,13 +36,9 @@ def to_flags(config: dict) -> list:
 
 
 def _read_config(path: str) -> dict:
-    try:
-        config = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(path, "config file not found", "check the path (configs/ lists the shipped ones)") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}:{err.lineno}:{err.colno}", f"malformed JSON ({err.msg})",
-                         "fix the JSON syntax at that line") from None
+    if not os.path.exists(path):  # not read_json's message: the fix points at the shipped configs
+        raise InputError(path, "config file not found", "check the path (configs/ lists the shipped ones)")
+    config = read_json(path, "config file")
     if not isinstance(config, dict):
         raise InputError(path, "a config must be a JSON object of argument names to values",
                          "write it as {\"model_name_or_path\": ..., ...}")

@@ -2,7 +2,6 @@
 
 All files are written atomically by the main process only.
 """
-import json
 import os
 import platform
 import socket
@@ -12,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .data import split_source
-from .io import atomic_write_json, atomic_write_text
+from .io import atomic_write_json, atomic_write_text, read_json
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
@@ -81,7 +80,7 @@ def save_split_metrics(output_dir, split: str, metrics: dict) -> None:
     metrics = _json_safe(metrics)
     atomic_write_json(output_dir / f"{split}_results.json", metrics)
     path = output_dir / "all_results.json"
-    merged = json.loads(path.read_text()) if path.exists() else {}
+    merged = read_json(path) if path.exists() else {}
     merged.update(metrics)
     atomic_write_json(path, merged)
 
@@ -174,7 +173,7 @@ def communication_rows(results: dict, fmt) -> list:
 def finish_run(output_dir, wall_clock_seconds: float, env: dict) -> dict:
     output_dir = Path(output_dir)
     path = output_dir / "all_results.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = read_json(path) if path.exists() else {}
     results["WALL_CLOCK_SECONDS"] = round(wall_clock_seconds, 3)
     atomic_write_json(path, results)
     atomic_write_text(output_dir / "results.md", results_markdown(results, env))
