@@ -34,6 +34,7 @@ from run_bench import DEV_SET, RESULTS, REFERENCE, _slug, to_flags, variant_sett
 
 from qa.data.sources import require_squad_dev
 from qa.errors import command
+from qa.io import read_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,8 +85,8 @@ def run_one(name, args, size, work, on_gpu):
                               stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed (exit {proc.returncode}):\n{(work / f'log-{name}.txt').read_text()[-3000:]}")
-    r = json.loads((out / "all_results.json").read_text())
-    steps = json.loads((out / "trainer_state.json").read_text())["global_step"]
+    r = read_json(out / "all_results.json")
+    steps = read_json(out / "trainer_state.json")["global_step"]
     for f in out.glob("*.safetensors"):
         f.unlink()
     keys = ("eval_f1", "eval_exact_match", "eval_loss", "train_loss", "train_runtime", "train_samples_per_second",

@@ -48,6 +48,7 @@ from pathlib import Path
 from qa.config import to_flags  # noqa: F401  (re-exported for parity.py)
 from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
+from qa.io import read_json
 from qa.model import build_random_bert
 from qa.telemetry import mfu, model_flops, peak_flops
 
@@ -98,7 +99,7 @@ def data_source(path) -> str:
 
 
 def fast_switches() -> dict:
-    config = json.loads(FAST_CONFIG.read_text())
+    config = read_json(FAST_CONFIG)
     return {k: v for k, v in config.items() if k not in JOB_KEYS}
 
 
@@ -188,10 +189,10 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
     if proc.returncode != 0 or not results_file.exists():
         tail = (work / f"log-{name}.txt").read_text()[-3000:]
         raise SystemExit(f"variant {name} failed (exit {proc.returncode}); log tail:\n{tail}")
-    results = json.loads(results_file.read_text())
+    results = read_json(results_file)
     if not results.get("train_window_complete"):
         raise SystemExit(f"variant {name} ended before its timed window closed: {results}")
-    environment = json.loads((out / "environment.json").read_text())
+    environment = read_json(out / "environment.json")
     for f in out.glob("*.safetensors"):  # the trained weights are of no use here
         f.unlink()
     return {"settings": settings, "notes": notes, "run_qa_args": argv, "results": results,

@@ -32,7 +32,6 @@ Exit status 0, or 2 with a one-line `error:` message when STUDY has no manifest 
 usable results.
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -45,7 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from qa.errors import InputError, command
-from qa.io import atomic_write_json, atomic_write_text
+from qa.io import atomic_write_json, atomic_write_text, read_json, read_json_lines
 from qa.scaling_model import (FT3_INTER_BUSBW, FT3_INTRA_BUSBW, Settings, WhatIf, as_number, baseline_from_records,
                               predict, ring_busbw)
 
@@ -69,9 +68,9 @@ def load_manifest(study: Path) -> dict:
                          "give the folder tools/scaling_submit.sh made (it writes manifest.json when it "
                          "submits the jobs)")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise InputError(str(path), f"unreadable ({' '.join(str(err).split())})",
+        manifest = read_json(path)
+    except InputError as err:  # the reader's words, this tool's fix
+        raise InputError(err.where, f"unreadable ({err.problem})",
                          "restore it: tools/scaling_submit.sh rewrites it after each submission") from None
     runs = manifest.get("runs") if isinstance(manifest, dict) else None
     if not runs:
@@ -89,9 +88,9 @@ def _read_json(path: Path):
     if not path.is_file():
         return None, f"no {path.name}"
     try:
-        return json.loads(path.read_text()), None
-    except (OSError, json.JSONDecodeError) as err:
-        return None, f"{path.name} unreadable ({err})"
+        return read_json(path), None
+    except InputError as err:
+        return None, f"{path.name} unreadable ({err.problem})"
 
 
 def read_run(study: Path, entry: dict) -> dict:
@@ -144,8 +143,8 @@ def _last_error(folder: Path, job_id) -> str:
 
 def _job_parts(path: Path) -> list:
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
+        return read_json_lines(path)
+    except InputError:
         return []
 
 
