@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from .scaling_model import GB, busbw_from_algbw
+from .bandwidth import GB, busbw_from_algbw
 from .telemetry import gradient_size
 from .trial_steps import collate_rows, forward_backward, rng_kept
 

@@ -237,7 +237,7 @@ def test_table_numbers(built):
 def test_measured_beside_predicted(built, study):
     """Every multi-GPU cell: its measured step time and parts beside the model's prediction, which
     starts from the median baseline run and takes the cell's own measured bandwidth and batch."""
-    from qa.scaling_model import Baseline, Settings, WhatIf, predict, ring_busbw
+    from scaling.model import Baseline, Settings, WhatIf, predict, ring_busbw
 
     text, summary = built
     entries = {(e["strategy"], e["nodes"], e["gpus_per_node"]): e for e in summary["predictions"]}
