@@ -49,7 +49,7 @@ from qa.config import to_flags  # noqa: F401  (re-exported for parity.py)
 from qa.data import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.model import build_random_bert
-from qa.telemetry import mfu, model_flops, peak_flops
+from qa.flops import mfu, model_flops, peak_flops
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from .bandwidth import GB, busbw_from_algbw
-from .telemetry import gradient_size
+from .flops import gradient_size
 from .trial_steps import collate_rows, forward_backward, rng_kept
 
 logger = logging.getLogger(__name__)
