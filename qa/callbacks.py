@@ -1,17 +1,17 @@
 """The callbacks a run adds to the Trainer, built and installed in one place (`RunCallbacks`).
 
-`RunCallbacks` builds, from the run's arguments, the telemetry (qa.telemetry), the profiler
-(qa.profiling), the checkpoint-on-SIGTERM callback (qa.preemption), the compile warm-up
-(qa.trial_steps) and the communication switches and measurement (qa.communication); installs
-them through the Trainer's public `add_callback`; hands the Trainer the values to add to its log
-entries (`log_values`, for QuestionAnsweringTrainer's `log_extras`); and gathers what they
-measured for train_results.json (`summary`).
+Each callback lives with its job (qa.telemetry, qa.profiling, qa.preemption, qa.trial_steps for
+the compile warm-up, qa.communication) and takes plain values; this module alone reads the run's
+settings (qa.args.RunArguments) to build them, installs them through the Trainer's public
+`add_callback`, hands the Trainer the values to add to its log entries (`log_values`, for
+QuestionAnsweringTrainer's `log_extras`) and gathers what they measured (`summary`).
 """
 import logging
 
 from .communication import CommunicationCallback
 from .console import log_lines_callback, replace_log_printer
 from .preemption import CheckpointOnSignalCallback
+from .profiling import ProfilerCallback
 from .telemetry import TelemetryCallback
 from .trial_steps import CompileWarmupCallback
 
@@ -19,44 +19,43 @@ logger = logging.getLogger(__name__)
 
 
 class RunCallbacks:
-    """Every callback a run adds to the Trainer, built from its arguments in one place.
+    """Every callback a run adds to the Trainer, each built from its own settings in `__init__`.
 
-    `install(trainer)` puts the console's log printer (qa.console) in place of the Trainer's
-    and adds the others through the Trainer's public add_callback, after the Trainer's own (its
-    flow control and reporting callbacks): the telemetry goes first among
-    them, so the profiler's time in on_step_end falls between two telemetry marks and is set
-    aside (the profiler reports it as `overhead_s`), and so is the time the compile warm-up and
-    the communication measurement take in on_train_begin, after the telemetry started its
-    clock. The warm-up runs before the measurement, whose passes then reuse the graphs it
-    compiled. Nothing here needs to run before the
-    reporting callbacks: the throughput figures join the log entries in the Trainer's `log`
-    (`log_values`), before any callback sees them.
+    `install(trainer)` puts the console's log printer (qa.console) in place of the Trainer's and
+    adds the others after the Trainer's own (flow control, reporting), in the order of
+    `callbacks`: the telemetry first, so the time the others spend inside its measured stretches
+    (the profiler in on_step_end; the compile warm-up and the communication measurement in
+    on_train_begin, after the telemetry started its clock) falls between two of its marks and is
+    set aside (each reports it as `overhead_s`); the warm-up before the measurement, whose passes
+    then reuse the graphs it compiled. Nothing here needs to run before the reporting callbacks:
+    the throughput figures join the log entries in the Trainer's `log` (`log_values`), before any
+    callback sees them.
     """
 
     def __init__(self, run_args, training_args):
-        self.console = None  # the log printer, chosen in install() from the Trainer's arguments
         self.profiler = None
         if run_args.profile:
-            from .profiling import ProfilerCallback
-
             self.profiler = ProfilerCallback(training_args.output_dir, wait=run_args.profile_wait,
                                              warmup=run_args.profile_warmup, active=run_args.profile_active,
                                              repeat=run_args.profile_repeat, with_stack=run_args.profile_with_stack)
+        self.preemption = None
+        if run_args.checkpoint_on_sigterm:
+            self.preemption = CheckpointOnSignalCallback(run_args.preemption_check_steps)
         self.warmup = None
         if run_args.compile_warmup and getattr(training_args, "torch_compile", False):
             self.warmup = CompileWarmupCallback()
         elif run_args.compile_warmup:
             logger.warning("--compile_warmup: the run does not compile (--torch_compile false): nothing to warm up")
+        # Always built: it finds out itself whether the run is distributed.
         self.communication = CommunicationCallback(run_args.measure_communication, run_args.ddp_comm_hook,
                                                    run_args.fsdp_reduce_dtype)
         self.telemetry = None
-        if run_args.telemetry:
+        if run_args.telemetry:  # built last: it sets aside the time of those above
             overhead = [c for c in (self.profiler, self.warmup, self.communication) if c is not None]
-            self.telemetry = TelemetryCallback(peak_tflops=run_args.peak_tflops, overhead_sources=overhead,
-                                               timed_steps=run_args.timed_steps(),
-                                               window_min_s=run_args.telemetry_window_min_s)
-        self.preemption = (CheckpointOnSignalCallback(run_args.preemption_check_steps)
-                           if run_args.checkpoint_on_sigterm else None)
+            self.telemetry = TelemetryCallback(peak_tflops=run_args.peak_tflops, timed_steps=run_args.timed_steps(),
+                                               window_min_s=run_args.telemetry_window_min_s,
+                                               overhead_sources=overhead)
+        self.console = None  # the log printer, chosen in install() from the Trainer's arguments
 
     @property
     def callbacks(self) -> list:
@@ -64,12 +63,12 @@ class RunCallbacks:
                 if c is not None]
 
     def install(self, trainer) -> None:
-        self.communication.bind(trainer)
+        for needs_trainer in (self.warmup, self.communication):  # they act on its model before training
+            if needs_trainer is not None:
+                needs_trainer.bind(trainer)
         self.console = log_lines_callback(trainer.args)
         if not replace_log_printer(trainer, self.console):
             self.console = None
-        if self.warmup is not None:
-            self.warmup.bind(trainer)
         for callback in self.callbacks:
             trainer.add_callback(callback)
 
