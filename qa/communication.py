@@ -1,54 +1,31 @@
-"""Gradient communication in a distributed run: measured before training, and the switches that
-shrink it.
-
-Measured, in every run with more than one process (`--measure_communication auto`), over the
-run's own process group and before the first training step:
-- all-reduce calibration: a buffer as large as the gradients, in the dtype that travels (the
-  gradients' dtype, or bf16/fp16 under a compression hook), all-reduced after warm-ups; the
-  median of several repeats (each repeat timed as its slowest rank). Reported as bytes, seconds,
-  algorithm bandwidth (bytes / time) and bus bandwidth (algbw x 2(n-1)/n), the definitions of
-  NCCL-tests, for the whole group and, when the job spans nodes, within one node;
-- exposed communication: forward + backward of the actual model on a training batch with the
-  gradient synchronisation on, and off (DDP's `no_sync`, FSDP2's `set_requires_gradient_sync`),
-  alternated; the difference of the medians is what the overlap with backward does not hide.
-  Each pass runs as a training step does (qa.trial_steps: training mode, dropout included), so a
-  compiled model reuses the training graphs and compiles nothing of its own. Nothing is stepped;
-  gradients are cleared and every random generator is put back afterwards, so training goes on
-  exactly as it would have without the measurement.
+"""What a distributed run switches on for its gradient communication, applied and read back.
 
 Switches: `--ddp_comm_hook bf16|fp16` (a DDP communication hook: gradients travel in 16 bits),
 `--ddp_bucket_cap_mb` (the Trainer's own argument: DDP's bucket size), `--fsdp_reduce_dtype`
-(FSDP's gradient reduction dtype). What is in effect is read back from the wrapped model and
-recorded beside the measurements (`comm_*` in train_results.json and all_results.json, the
-`communication` section of environment.json).
+(FSDP's gradient reduction dtype). `CommunicationCallback` applies them when the Trainer allows,
+reads back from the wrapped model what is in effect, and has qa.comm_measure measure the
+communication before the first step (`--measure_communication`); all of it is recorded as
+`comm_*` in train_results.json and all_results.json, and in environment.json's `communication`.
 """
-import contextlib
 import logging
-import os
-import socket
-import statistics
 import time
 
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from .scaling_model import GB, busbw_from_algbw
-from .telemetry import gradient_size
-from .trial_steps import collate_rows, forward_backward, rng_kept
+from . import comm_measure
+from .flops import gradient_size
 
 logger = logging.getLogger(__name__)
 
 COMM_HOOKS = ("none", "bf16", "fp16")
+COMPRESSED = {"bf16": torch.bfloat16, "fp16": torch.float16}
 REDUCE_DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16}
-WARMUPS, REPEATS, STEP_REPEATS = 2, 5, 3
 
 
 # ---------------------------------------------------------------------------------------------
 # The switches
-
-
-COMPRESSED = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def compression_hook(dtype: torch.dtype):
@@ -106,125 +83,17 @@ def apply_fsdp_reduce_dtype(fsdp_plugin, name: str):
     return str(reduce).replace("torch.", "") if reduce is not None else "the parameters' dtype"
 
 
-# ---------------------------------------------------------------------------------------------
-# All-reduce calibration
+def wire_dtype(hook_registered, fsdp_reduce, grad_dtype: str) -> torch.dtype:
+    """The dtype the gradients travel in: the compression hook's when one is registered
+    (`hook_registered`: 'bf16', 'fp16' or None), else FSDP's reduction dtype if set, else the
+    gradients' own (`grad_dtype`, as gradient_size names it)."""
+    return COMPRESSED.get(hook_registered) or fsdp_reduce or getattr(torch, grad_dtype)
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_allreduce(nbytes: int, dtype: torch.dtype, device, group=None, warmups=WARMUPS, repeats=REPEATS) -> dict:
-    """All-reduce of `nbytes` in `dtype` over `group` (default: the whole world): median seconds
-    over `repeats`, each the slowest rank's time, and the NCCL-tests bandwidths."""
-    ranks = dist.get_world_size(group)
-    elements = max(nbytes // torch.tensor([], dtype=dtype).element_size(), 1)
-    buffer = torch.ones(elements, dtype=dtype, device=device)
-    nbytes = buffer.numel() * buffer.element_size()
-    for _ in range(warmups):
-        dist.all_reduce(buffer, group=group)
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        dist.barrier(group=group)
-        _sync(device)
-        start = time.perf_counter()
-        dist.all_reduce(buffer, group=group)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    slowest = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # a collective ends with its last rank
-    seconds = statistics.median(slowest.tolist())
-    algbw = nbytes / seconds / GB
-    return {"ranks": ranks, "bytes": nbytes, "dtype": str(dtype).replace("torch.", ""), "s": seconds,
-            "algbw_GBps": algbw, "busbw_GBps": busbw_from_algbw(algbw, ranks), "repeats": repeats}
-
-
-def node_groups():
-    """The ranks of every node, from every rank's node (torchrun's GROUP_RANK, else the host
-    name), gathered over the world. Collective: every rank calls it."""
-    node = os.environ.get("GROUP_RANK") or socket.gethostname()
-    nodes = [None] * dist.get_world_size()
-    dist.all_gather_object(nodes, node)
-    return [[r for r, n in enumerate(nodes) if n == key] for key in dict.fromkeys(nodes)]
-
-
-def calibrate(nbytes: int, dtype: torch.dtype, device) -> dict:
-    """allreduce_* over the whole group, then intranode_* over one node (jobs over several
-    nodes with several ranks on each), and the number of nodes."""
-    out = {f"allreduce_{k}": v for k, v in time_allreduce(nbytes, dtype, device).items()}
-    ranks = node_groups()
-    out["nodes"] = len(ranks)
-    if len(ranks) > 1 and min(len(r) for r in ranks) > 1:
-        group, _ = dist.new_subgroups_by_enumeration(ranks)  # collective: one group per node
-        out.update({f"intranode_{k}": v for k, v in time_allreduce(nbytes, dtype, device, group=group).items()})
-    elif len(ranks) > 1:
-        out["intranode_note"] = "one rank per node: no link within a node to measure"
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Exposed communication of a real step
-
-
-@contextlib.contextmanager
-def _gradient_sync(model, on: bool):
-    if on:
-        yield
-    elif hasattr(model, "no_sync"):  # DDP (and FSDP1)
-        with model.no_sync():
-            yield
-    else:  # FSDP2
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-
-
-def can_toggle_sync(model) -> bool:
-    return hasattr(model, "no_sync") or hasattr(model, "set_requires_gradient_sync")
-
-
-def training_batch(trainer) -> dict:
-    """This rank's share of the first training rows, as the model takes them, on its device."""
-    dataset, args = trainer.train_dataset, trainer.args
-    size = args.per_device_train_batch_size
-    start = (args.process_index * size) % max(len(dataset) - size + 1, 1)
-    return collate_rows(trainer, range(start, min(start + size, len(dataset))))
-
-
-def exposed_communication(trainer, model, batch: dict, device, repeats=STEP_REPEATS) -> dict:
-    """Median forward + backward time with the gradient synchronisation on and off (one warm-up
-    of each first, then alternated), each repeat timed as its slowest rank; nothing stepped.
-    Each pass runs as a training step runs (qa.trial_steps.forward_backward: training mode), so a
-    compiled model reuses the training graphs instead of compiling evaluation-mode ones."""
-    def step(sync: bool) -> float:
-        model.zero_grad(set_to_none=True)
-        dist.barrier()
-        _sync(device)
-        start = time.perf_counter()
-        with _gradient_sync(model, sync):
-            forward_backward(trainer, model, batch)
-        _sync(device)
-        return time.perf_counter() - start
-
-    with rng_kept():
-        step(True)
-        step(False)
-        times = {True: [], False: []}
-        for _ in range(repeats):
-            for sync in (True, False):
-                times[sync].append(step(sync))
-        model.zero_grad(set_to_none=True)
-    slowest = torch.tensor(times[True] + times[False], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    with_sync, without = (statistics.median(slowest[:repeats].tolist()),
-                          statistics.median(slowest[repeats:].tolist()))
-    return {"step_sync_s": with_sync, "step_nosync_s": without, "exposed_s": max(with_sync - without, 0.0),
-            "exposed_share": max(with_sync - without, 0.0) / with_sync if with_sync > 0 else None,
-            "step_repeats": repeats}
+def in_effect(model, hook_registered) -> dict:
+    """The switches as the wrapped model has them: the hook registered, DDP's bucket size (MiB)."""
+    return {"ddp_comm_hook": hook_registered or "none",
+            "ddp_bucket_cap_mb": (model.bucket_bytes_cap / 2 ** 20 if hasattr(model, "bucket_bytes_cap") else None)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,11 +101,12 @@ def exposed_communication(trainer, model, batch: dict, device, repeats=STEP_REPE
 
 
 class CommunicationCallback(TrainerCallback):
-    """Applies the communication switches and measures the communication at the start of
-    training (see the module docstring). `bind(trainer)` before training: the measurement needs
-    the wrapped model (Trainer.model_wrapped), the accelerator and a training batch.
-    `overhead_s`: the measurement's time, which the telemetry sets aside from the first step's
-    data time."""
+    """Applies the switches, records what is in effect and has the communication measured, at
+    the start of training (see the module docstring). `bind(trainer)` before training: the FSDP
+    dtype must reach accelerate's plugin before train() wraps the model, and the hook and the
+    measurement need the wrapped model (Trainer.model_wrapped), the accelerator and a training
+    batch. `overhead_s`: the measurement's time, which the telemetry sets aside from the first
+    step's data time."""
 
     def __init__(self, measure: str = "auto", ddp_comm_hook: str = "none", fsdp_reduce_dtype: str = "auto"):
         self.measure, self.ddp_comm_hook, self.fsdp_reduce_dtype = measure, ddp_comm_hook, fsdp_reduce_dtype
@@ -261,28 +131,18 @@ class CommunicationCallback(TrainerCallback):
             return
         trainer = self.trainer
         model = trainer.model_wrapped
-        model = model if can_toggle_sync(model) else getattr(model, "_orig_mod", model)  # under torch.compile
+        if not comm_measure.can_toggle_sync(model):
+            model = getattr(model, "_orig_mod", model)  # compiled: the DDP/FSDP wrapper is inside
         hook = apply_ddp_comm_hook(model, self.ddp_comm_hook)
         grads = gradient_size(trainer.model)
-        wire = (COMPRESSED.get(self.ddp_comm_hook) if hook else None) or self.fsdp_wire or \
-            getattr(torch, grads["grad_dtype"])
-        self.record.update({
-            "world_size": dist.get_world_size(), "backend": dist.get_backend(),
-            "wrapper": type(model).__name__, "grad_bytes": grads["grad_bytes"], "grad_dtype": grads["grad_dtype"],
-            "ddp_comm_hook": hook or "none",
-            "ddp_bucket_cap_mb": (model.bucket_bytes_cap / 2 ** 20 if hasattr(model, "bucket_bytes_cap") else None),
-        })
+        self.record.update({"world_size": dist.get_world_size(), "backend": dist.get_backend(),
+                            "wrapper": type(model).__name__, "grad_bytes": grads["grad_bytes"],
+                            "grad_dtype": grads["grad_dtype"], **in_effect(model, hook)})
         if self.measure == "false":
             return
         started = time.perf_counter()
-        elements = grads["trainable_params"]
-        self.record.update(calibrate(elements * torch.tensor([], dtype=wire).element_size(), wire, args.device))
-        if can_toggle_sync(model):
-            batch = training_batch(trainer)
-            self.record.update(exposed_communication(trainer, model, batch, args.device))
-            self.record["step_batch_shape"] = list(batch["input_ids"].shape)
-        else:
-            self.record["exposed_note"] = f"{type(model).__name__} cannot switch its gradient synchronisation off"
+        wire = wire_dtype(self.ddp_comm_hook if hook else None, self.fsdp_wire, grads["grad_dtype"])
+        self.record.update(comm_measure.measure(trainer, model, wire, grads["trainable_params"], args.device))
         self.record["measure_s"] = self.overhead_s = time.perf_counter() - started
         logger.info("communication: all-reduce of %.1f MB (%s) over %d ranks: %.4f s, bus bandwidth %.2f GB/s; "
                     "exposed per step %.4f s", self.record["allreduce_bytes"] / 1e6, self.record["allreduce_dtype"],

@@ -38,7 +38,7 @@ class ProfilerCallback(TrainerCallback):
         self.wait, self.warmup, self.active, self.repeat = wait, warmup, active, repeat
         self.with_stack, self.row_limit = with_stack, row_limit
         self.prof = None
-        self.overhead_s = 0.0  # host time spent here, for qa.callbacks.TelemetryCallback to set aside
+        self.overhead_s = 0.0  # host time spent here, for qa.telemetry.TelemetryCallback to set aside
         self.cycles = []  # [{"cycle": k, "global_steps": [...], "files": [...]}]
         self._recording = []  # global steps recorded in the current cycle
         self._cuda = False

@@ -1,19 +1,29 @@
-"""Throughput figures that account for padding: samples (features), real tokens, model FLOPs.
+"""Measuring a run's training: throughput, padding, MFU, memory and compilations, in one place.
 
-Every formula the run reports lives here, as a small pure function with a unit test on
-hand-made numbers (tests/test_telemetry.py). The Trainer callback that measures the raw
-counts during training is `qa.callbacks.TelemetryCallback`; it only feeds them through these
-functions.
-
-Units: times in seconds, memory in GiB (2**30 bytes), FLOP/s as plain numbers (the peak table
-is in TFLOP/s = 1e12 FLOP/s), shares and MFU as fractions in [0, 1] (not percent).
+`TelemetryCallback` counts the tokens of every training batch the model sees and times the
+optimizer steps and the waits between them; `perf_metrics` turns a stretch of those counts into
+the `perf/*` figures logged at each logging step and the `train_*` totals of train_results.json.
+What a token costs and what the device can do is qa.flops. Units: seconds, GiB (2**30 bytes),
+FLOP/s; shares and MFU are fractions in [0, 1], not percent.
 """
-import re
+import logging
+import time
 
 import numpy as np
 import pyarrow.compute as pc
+import torch
+from transformers import TrainerCallback
+
+from .flops import gradient_size, matmul_precision, mfu, model_flops, model_shape, peak_flops
+
+logger = logging.getLogger(__name__)
 
 GIB = 2 ** 30
+PERF_PREFIX = "perf/"  # the TensorBoard callback files these under train/perf/*
+
+
+# ---------------------------------------------------------------------------------------------
+# The training features, before any batch is made
 
 
 def token_stats(features) -> dict:
@@ -38,7 +48,7 @@ def train_throughput(metrics: dict, stats: dict, num_examples: int) -> dict:
     questions, and says nothing about how many of the tokens it processed were padding.
     `train_features_padding_fraction` is the padding stored in the features, before any batch
     is made (0 with dynamic padding); the padding of the batches the model computed on is the
-    telemetry's `train_batches_padding_fraction` (qa.callbacks)."""
+    telemetry's `train_batches_padding_fraction` (TelemetryCallback, below)."""
     per_s = metrics.get("train_samples_per_second", 0.0)
     return {
         "train_examples": num_examples,
@@ -50,7 +60,7 @@ def train_throughput(metrics: dict, stats: dict, num_examples: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Elementary formulas
+# The figures of a stretch of training
 
 
 def rate(count, seconds):
@@ -76,127 +86,44 @@ def gib(num_bytes):
     return None if num_bytes is None else num_bytes / GIB
 
 
-def flops_per_token(non_embedding_params, layers, hidden, seq_len):
-    """Model FLOPs to train on one token of a sequence of `seq_len` real tokens (forward + backward):
-
-        6 * N  +  12 * L * H * s
-
-    N: parameters outside the embedding tables (every weight matrix costs 2 FLOPs per parameter
-    per token forward, 4 backward); L layers, hidden size H, s the sequence length: the
-    attention scores QK^T and the weighted sum AV cost 2 * 2 * s * H per token per layer forward,
-    3x that with the backward pass. The formula of PaLM (Chowdhery et al. 2022, appendix B),
-    without activation recomputation: this is *model* FLOPs, what MFU is defined on."""
-    return 6 * non_embedding_params + 12 * layers * hidden * seq_len
-
-
-def model_flops(non_embedding_params, layers, hidden, real_tokens, sum_sq_lengths):
-    """Model FLOPs of training on a set of sequences, counting real tokens only.
-
-    Summing `flops_per_token` over the s_i real tokens of each sequence i:
-    sum_i s_i * (6N + 12 L H s_i) = 6 N * sum_i s_i + 12 L H * sum_i s_i**2.
-    Padding positions are computed by the hardware but are not useful work, so they count for
-    nothing here: padding lowers MFU, as it should."""
-    return 6 * non_embedding_params * real_tokens + 12 * layers * hidden * sum_sq_lengths
-
-
-def mfu(flops, seconds, peak_flops_per_s):
-    """Model FLOPs utilisation: achieved model FLOP/s over the device's peak. None without a peak."""
-    achieved = rate(flops, seconds)
-    if achieved is None or not peak_flops_per_s:
+def max_rss_gib():
+    """This process's peak resident memory (Linux/macOS), or None."""
+    try:
+        import resource
+        import sys
+    except ImportError:  # Windows
         return None
-    return achieved / peak_flops_per_s
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / GIB if sys.platform == "darwin" else rss * 1024 / GIB  # bytes on macOS, KiB on Linux
 
 
-# ---------------------------------------------------------------------------------------------
-# Device peaks
+def perf_metrics(*, steps, samples, real_tokens, batch_tokens, flops, step_s, data_s,
+                 peak_flops_per_s=None, world_size=1) -> dict:
+    """The throughput figures of a stretch of training (a logging window, or the whole run).
 
-# Dense (no sparsity) peak TFLOP/s per GPU from NVIDIA's data sheets, by the precision the
-# matrix multiplications run in. First matching pattern (on the lower-cased name that
-# torch.cuda.get_device_name() returns) wins, so specific variants come first. A device or a
-# precision missing here gives MFU null unless --peak_tflops is given.
-PEAK_TFLOPS = (
-    (r"gh200", "GH200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
-    (r"h200 nvl", "H200 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
-    (r"h200", "H200 SXM", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
-    (r"h100 nvl", "H100 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
-    (r"h100.*pcie", "H100 PCIe", {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51}),
-    (r"h100", "H100 SXM", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
-    (r"a100", "A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),
-    (r"l40s", "L40S", {"bf16": 362, "fp16": 362, "tf32": 183, "fp32": 91.6}),
-    (r"l40\b", "L40", {"bf16": 181, "fp16": 181, "tf32": 90.5, "fp32": 90.5}),
-    (r"\bl4\b", "L4", {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}),
-    (r"a40\b", "A40", {"bf16": 150, "fp16": 150, "tf32": 74.8, "fp32": 37.4}),
-    (r"\ba10\b", "A10", {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}),
-    (r"v100s", "V100S", {"fp16": 130, "fp32": 16.4}),
-    (r"v100.*pcie", "V100 PCIe", {"fp16": 112, "fp32": 14}),
-    (r"v100", "V100 SXM2", {"fp16": 125, "fp32": 15.7}),
-    (r"\bt4\b", "T4", {"fp16": 65, "fp32": 8.1}),
-)
-
-
-def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
-    """The precision the matrix multiplications run in: 'bf16', 'fp16', 'tf32' or 'fp32'.
-    `tf32`: TrainingArguments.tf32; None asks torch (its default for matmuls is full fp32)."""
-    if bf16:
-        return "bf16"
-    if fp16:
-        return "fp16"
-    if tf32 is None:
-        import torch
-
-        try:
-            tf32 = torch.get_float32_matmul_precision() != "highest"
-        except RuntimeError:  # torch >= 2.9 refuses once TF32 was set through its newer API
-            tf32 = torch.backends.cuda.matmul.fp32_precision == "tf32"
-    return "tf32" if tf32 else "fp32"
-
-
-def peak_flops(device_name, precision, override_tflops=None):
-    """-> (peak FLOP/s or None, where the figure comes from). `override_tflops` (--peak_tflops)
-    wins; a CPU (device_name None) has no entry: MFU is then null unless overridden. So is a MIG
-    slice ('NVIDIA H100 80GB HBM3 MIG 1g.10gb'): it has a fraction of the card's units, and
-    the card's peak would understate its MFU by that fraction."""
-    if override_tflops:
-        return override_tflops * 1e12, f"--peak_tflops {override_tflops:g}"
-    if not device_name:
-        return None, "no peak for a CPU (pass --peak_tflops)"
-    name = device_name.lower()
-    if re.search(r"\bmig\b", name):
-        return None, (f"{device_name!r} is a MIG slice of a GPU, whose share of the card's peak is not known "
-                      "(pass --peak_tflops)")
-    for pattern, label, peaks in PEAK_TFLOPS:
-        if re.search(pattern, name):
-            if precision in peaks:
-                return peaks[precision] * 1e12, f"{label} {precision} dense"
-            return None, f"no {precision} peak for {label} (pass --peak_tflops)"
-    return None, f"unknown device {device_name!r} (pass --peak_tflops)"
-
-
-# ---------------------------------------------------------------------------------------------
-# The model's shape
-
-
-def model_shape(model) -> dict:
-    """Parameters outside embedding tables (lookups, no FLOPs), layers and hidden size."""
-    import torch
-
-    embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-    params = {id(p): p.numel() for p in model.parameters()}
-    config = getattr(model, "config", None)
+    Counts are rank 0's (samples, real tokens, batch token positions = batch × padded length,
+    model FLOPs of the real tokens); `step_s` the host time inside optimizer steps (forward,
+    backward, optimizer), `data_s` the time waiting for the next batch between steps. Rates are
+    over step_s + data_s (evaluation, checkpointing and logging excluded) and for the whole job:
+    DDP ranks step in lockstep on equal batches, so rank 0's samples/s times the world size is
+    exact and its real tokens/s times the world size an estimate. MFU is per device. A value
+    that cannot be computed is None."""
+    busy = step_s + data_s
+    per_device_flops = rate(flops, busy)
     return {
-        "non_embedding_params": sum(n for i, n in params.items() if i not in embedding),
-        "layers": getattr(config, "num_hidden_layers", 0) or 0,
-        "hidden": getattr(config, "hidden_size", 0) or 0,
+        "step_time_s": step_s / steps if steps else None,
+        "samples_per_s": None if rate(samples, busy) is None else rate(samples, busy) * world_size,
+        "real_tokens_per_s": None if rate(real_tokens, busy) is None else rate(real_tokens, busy) * world_size,
+        "padding_fraction": padding_fraction(real_tokens, batch_tokens),
+        "data_time_share": share(data_s, busy),
+        "tflops_per_device": None if per_device_flops is None else per_device_flops / 1e12,
+        "mfu": mfu(flops, busy, peak_flops_per_s),
     }
 
 
-def gradient_size(model) -> dict:
-    """What one gradient synchronisation moves: the trainable parameters, their dtype, the bytes."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    dtype = params[0].dtype if params else None
-    return {"trainable_params": sum(p.numel() for p in params),
-            "grad_dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
-            "grad_bytes": sum(p.numel() * p.element_size() for p in params)}
+def _sig(value, digits=5):
+    """Rounded to significant digits (tiny CPU figures such as MFU would round to 0 in decimals)."""
+    return None if value is None else float(f"{value:.{digits}g}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +154,10 @@ def describe_training(args, model, optimizer=None, train_dataloader=None) -> dic
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "world_size": args.world_size,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilations
 
 
 _RECOMPILES = {"count": 0, "hooked": False}
@@ -283,39 +214,287 @@ def compile_delta(before, after) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Everything reported for a stretch of training
+# The callback that measures
 
 
-def perf_metrics(*, steps, samples, real_tokens, batch_tokens, flops, step_s, data_s,
-                 peak_flops_per_s=None, world_size=1) -> dict:
-    """The throughput figures of a stretch of training (a logging window, or the whole run).
+class _Counts:
+    """Raw counts of a stretch of training. The token counts of the batches stay on the device
+    (`pending`) until `settle()` reads them, so counting costs no synchronisation per step."""
 
-    Counts are rank 0's (samples, real tokens, batch token positions = batch × padded length,
-    model FLOPs of the real tokens); `step_s` the host time inside optimizer steps (forward,
-    backward, optimizer), `data_s` the time waiting for the next batch between steps. Rates are
-    over step_s + data_s (evaluation, checkpointing and logging excluded) and for the whole job:
-    DDP ranks step in lockstep on equal batches, so rank 0's samples/s times the world size is
-    exact and its real tokens/s times the world size an estimate. MFU is per device. A value
-    that cannot be computed is None."""
-    busy = step_s + data_s
-    per_device_flops = rate(flops, busy)
-    return {
-        "step_time_s": step_s / steps if steps else None,
-        "samples_per_s": None if rate(samples, busy) is None else rate(samples, busy) * world_size,
-        "real_tokens_per_s": None if rate(real_tokens, busy) is None else rate(real_tokens, busy) * world_size,
-        "padding_fraction": padding_fraction(real_tokens, batch_tokens),
-        "data_time_share": share(data_s, busy),
-        "tflops_per_device": None if per_device_flops is None else per_device_flops / 1e12,
-        "mfu": mfu(flops, busy, peak_flops_per_s),
-    }
+    def __init__(self):
+        self.steps = self.samples = self.batch_tokens = self.real_tokens = self.sum_sq = 0
+        self.step_s = self.data_s = 0.0
+        self.pending = None  # device tensor [real tokens, sum of squared real lengths]
+
+    def settle(self):
+        if self.pending is not None:
+            real, sum_sq = (int(v) for v in self.pending.tolist())  # one device sync
+            self.real_tokens += real
+            self.sum_sq += sum_sq
+            self.pending = None
+
+    FIELDS = ("steps", "samples", "batch_tokens", "real_tokens", "sum_sq", "step_s", "data_s")
+
+    def add(self, other: "_Counts"):
+        other.settle()
+        for name in self.FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def snapshot(self) -> dict:
+        self.settle()
+        return {name: getattr(self, name) for name in self.FIELDS}
 
 
-def max_rss_gib():
-    """This process's peak resident memory (Linux/macOS), or None."""
-    try:
-        import resource
-        import sys
-    except ImportError:  # Windows
-        return None
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / GIB if sys.platform == "darwin" else rss * 1024 / GIB  # bytes on macOS, KiB on Linux
+class TelemetryCallback(TrainerCallback):
+    """Measures the training loop from the inside; `log_values` gives the `perf/*` figures of the
+    steps since the last logging step, `summary` those of the whole run.
+
+    - Step time: host time from `on_step_begin` to `on_step_end` of each optimizer step
+      (forward, backward, optimizer; the Trainer fetches a step's batches before `on_step_begin`).
+    - Data time: from the end of the previous step (or of the logging, evaluation, checkpointing
+      and profiling that followed it) to the next `on_step_begin`: fetching, collating and moving
+      the next batch(es). By default the Trainer synchronises with the GPU at every micro-step
+      (`logging_nan_inf_filter` checks the loss on the host), so host times track device times;
+      at logging steps this callback reads its device counters, which synchronises too.
+    - Tokens: a forward pre-hook on the model reads the `attention_mask` of every training batch
+      the model sees (padded as the collator padded it): real tokens, token positions, the
+      squared real lengths (for the attention FLOPs).
+    - Model FLOPs, MFU: qa.flops.model_flops over step + data time, against the peak of the
+      device for the run's precision (qa.flops.peak_flops; null on a CPU unless given).
+    - Memory: torch.cuda.max_memory_allocated on a GPU; the process's peak RSS everywhere.
+    - Timed window (`timed_steps=(start, stop)`, --telemetry_window): the device is synchronised
+      at the end of optimizer steps `start` and `stop` and everything between is counted apart
+      (`train_window_*`): what a benchmark compares, after warm-up and compilation. With
+      `window_min_s` (--telemetry_window_min_s) the window stays open past `stop` until it has
+      lasted that long (host time, read at each step's end without a synchronisation), and
+      training stops when it closes. The graphs torch.compile compiled inside the window (first
+      compilations and recompilations, from torch's counters read at both ends) are counted
+      (`train_window_compiles`): a window with any timed compilation, not training.
+    """
+
+    def __init__(self, peak_tflops=None, overhead_sources=(), timed_steps=None, window_min_s=None):
+        self.peak_tflops = peak_tflops
+        self.overhead_sources = list(overhead_sources)  # objects with `overhead_s` to set aside
+        self.timed_steps = timed_steps
+        self.window_min_s = window_min_s
+        self._summary = {}
+        self._hook = None
+        self._training = False
+
+    # -- measuring ------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
+        self._cuda = torch.cuda.is_available() and getattr(args.device, "type", "") == "cuda"
+        device_name = torch.cuda.get_device_name(args.device) if self._cuda else None
+        self.precision = matmul_precision(args.bf16, args.fp16, args.tf32)
+        self.peak, self.peak_source = peak_flops(device_name, self.precision, self.peak_tflops)
+        self.shape = model_shape(model)
+        self.gradients = gradient_size(model)
+        self.setup = describe_training(args, model, optimizer, train_dataloader)
+        self.world_size = max(int(getattr(args, "world_size", 1) or 1), 1)
+        self.pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
+        self.interval, self.total = _Counts(), _Counts()
+        self.timed = {}
+        compile_stats()  # from here on, recompilations are counted too
+        self.train_start = self._mark = time.perf_counter()
+        self._overhead_at_mark = self._overhead()
+        self._step_start = None
+        self._training = True
+        if self._hook is not None:
+            self._hook.remove()
+        self._hook = model.register_forward_pre_hook(self._count_batch, with_kwargs=True)
+        logger.info("telemetry: %s matmuls, peak %s (%s); model FLOPs = 6 x %d params x tokens + "
+                    "12 x %d layers x %d hidden x sum(len^2)", self.precision,
+                    "n/a" if self.peak is None else f"{self.peak / 1e12:g} TFLOP/s", self.peak_source,
+                    self.shape["non_embedding_params"], self.shape["layers"], self.shape["hidden"])
+
+    def _overhead(self):
+        return sum(getattr(s, "overhead_s", 0.0) for s in self.overhead_sources)
+
+    def _set_mark(self):
+        self._mark = time.perf_counter()
+        self._overhead_at_mark = self._overhead()
+
+    def _count_batch(self, module, args, kwargs):
+        if not (self._training and module.training):
+            return
+        mask = kwargs.get("attention_mask")
+        if mask is None:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:
+                return
+            mask = ids != self.pad_token_id if self.pad_token_id is not None else torch.ones_like(ids)
+        with torch.no_grad():
+            lengths = mask.reshape(mask.shape[0], -1).to(torch.int64).sum(dim=1)
+            counts = torch.stack([lengths.sum(), (lengths * lengths).sum()])
+            w = self.interval
+            w.pending = counts if w.pending is None else w.pending + counts
+        w.samples += mask.shape[0]
+        w.batch_tokens += mask.numel()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        set_aside = self._overhead() - self._overhead_at_mark
+        self.interval.data_s += max(now - self._mark - set_aside, 0.0)
+        self._step_start = now
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        if self._step_start is not None:
+            self.interval.step_s += now - self._step_start
+            self.interval.steps += 1
+            self._step_start = None
+        if self.timed_steps is not None:
+            self._timed_window(state.global_step, control)
+        self._set_mark()
+
+    def _timed_window(self, step, control):
+        start, stop = self.timed_steps
+        opened = self.timed.get("open")
+        closing = opened is not None and step >= stop and (
+            not self.window_min_s or time.perf_counter() - opened["at"] >= self.window_min_s)
+        if step not in (1, start) and not closing:
+            return
+        if self._cuda:
+            torch.cuda.synchronize()  # host time = device time at the window's edges
+        now = time.perf_counter()
+        if step == 1:
+            self.timed["first_step_s"] = now - self.train_start
+        if step == start:
+            self.timed["open"] = {"at": now, "counts": self._cumulative(), "compiles": compile_stats()}
+        if closing:
+            del self.timed["open"]
+            counts = {k: v - opened["counts"][k] for k, v in self._cumulative().items()}
+            self.timed.update(warmup_s=opened["at"] - self.train_start, seconds=now - opened["at"],
+                              counts=counts, memory=self._memory(), last_step=step,
+                              compiles=compile_delta(opened["compiles"], compile_stats()))
+            self.timed["complete"] = True
+            if self.timed["compiles"].get("compiles"):
+                logger.warning("telemetry: %d compilation(s) inside the timed window (steps %d-%d): its figures "
+                               "include compile time", self.timed["compiles"]["compiles"], start + 1, step)
+            if self.window_min_s:
+                control.should_training_stop = True  # the window was what this run was for
+
+    def _cumulative(self) -> dict:
+        """Counts since training began (the logged intervals plus the current one)."""
+        now = self.interval.snapshot()
+        return {k: getattr(self.total, k) + v for k, v in now.items()}
+
+    def log_values(self, logs: dict) -> dict:
+        """The `perf/*` figures of the steps since the last log entry, for an entry of the training
+        loss (QuestionAnsweringTrainer adds them to its log entries: TensorBoard under
+        train/perf/*, trainer_state.json's log_history, the console)."""
+        if not (self._training and "loss" in logs and self.interval.steps):
+            return {}
+        perf = self._close_interval()
+        return {PERF_PREFIX + k: _sig(v, 6) for k, v in perf.items() if v is not None}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self._set_mark()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._set_mark()
+
+    def on_save(self, args, state, control, **kwargs):
+        self._set_mark()
+
+    def _memory(self) -> dict:
+        out = {"peak_rss_gib": max_rss_gib()}
+        if self._cuda:
+            out["peak_mem_gib"] = gib(torch.cuda.max_memory_allocated())
+        return out
+
+    def _perf(self, c: dict) -> dict:
+        s = self.shape
+        return perf_metrics(steps=c["steps"], samples=c["samples"], real_tokens=c["real_tokens"],
+                            batch_tokens=c["batch_tokens"],
+                            flops=model_flops(s["non_embedding_params"], s["layers"], s["hidden"], c["real_tokens"],
+                                              c["sum_sq"]),
+                            step_s=c["step_s"], data_s=c["data_s"], peak_flops_per_s=self.peak,
+                            world_size=self.world_size)
+
+    def _close_interval(self) -> dict:
+        """The figures of the steps since the last log entry; their counts move into the total."""
+        perf = self._perf(self.interval.snapshot())
+        perf.update(self._memory())
+        self.total.add(self.interval)
+        self.interval = _Counts()
+        return perf
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not self._training:
+            return
+        self._close_interval()
+        self._training = False
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        wall = time.perf_counter() - self.train_start
+        t, s = self.total.snapshot(), self.shape
+        perf = self._perf(t)
+        memory = self._memory()
+        self._summary = {
+            "train_step_time_mean_s": _sig(perf["step_time_s"]),
+            "train_data_loading_share": _sig(perf["data_time_share"]),
+            "train_step_time_total_s": _sig(t["step_s"]),
+            "train_data_time_total_s": _sig(t["data_s"]),
+            "train_other_time_total_s": _sig(max(wall - t["step_s"] - t["data_s"], 0.0)),  # log, eval, save, profiler
+            "train_batches_padding_fraction": _sig(perf["padding_fraction"]),
+            "train_real_tokens_batches": t["real_tokens"],
+            "train_real_tokens_per_second_measured": _sig(perf["real_tokens_per_s"]),
+            "train_samples_per_second_measured": _sig(perf["samples_per_s"]),
+            "train_model_flops": model_flops(s["non_embedding_params"], s["layers"], s["hidden"], t["real_tokens"],
+                                             t["sum_sq"]),
+            "train_tflops_per_device": _sig(perf["tflops_per_device"]),
+            "train_mfu": _sig(perf["mfu"]),
+            "train_peak_tflops": None if self.peak is None else round(self.peak / 1e12, 2),
+            "train_peak_tflops_source": self.peak_source,
+            "train_matmul_precision": self.precision,
+            "train_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
+            "train_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
+            "train_non_embedding_params": s["non_embedding_params"],
+            "train_layers": s["layers"],
+            "train_hidden_size": s["hidden"],
+            **{f"train_{k}": v for k, v in self.gradients.items()},
+            "train_setup": {**self.setup, "compile": compile_stats() if args.torch_compile else None},
+        }
+        if self.timed_steps is not None:
+            self._summary.update(self._timed_summary())
+
+    def _timed_summary(self) -> dict:
+        start, stop = self.timed_steps
+        out = {"train_window_first_step": start + 1, "train_window_last_step": self.timed.get("last_step", stop),
+               "train_window_min_s": self.window_min_s,
+               "train_window_complete": bool(self.timed.get("complete")),
+               "train_first_step_s": _sig(self.timed.get("first_step_s"))}
+        if not out["train_window_complete"]:
+            logger.warning("telemetry: training ended before the timed window %d:%d%s closed", start, stop,
+                           f" (at least {self.window_min_s:g} s)" if self.window_min_s else "")
+            return out
+        c, seconds, compiles = self.timed["counts"], self.timed["seconds"], self.timed["compiles"]
+        perf = self._perf({**c, "step_s": seconds, "data_s": 0.0})  # the window's wall time covers both
+        memory = self.timed["memory"]
+        out.update({
+            "train_window_seconds": _sig(seconds, 6),
+            "train_window_warmup_s": _sig(self.timed["warmup_s"]),
+            "train_window_steps": c["steps"],
+            "train_window_samples": c["samples"],
+            "train_window_batch_tokens": c["batch_tokens"],
+            "train_window_real_tokens": c["real_tokens"],
+            "train_window_sum_sq_lengths": c["sum_sq"],
+            "train_window_samples_per_second": _sig(perf["samples_per_s"]),
+            "train_window_real_tokens_per_second": _sig(perf["real_tokens_per_s"]),
+            "train_window_padding_fraction": _sig(perf["padding_fraction"]),
+            "train_window_tflops_per_device": _sig(perf["tflops_per_device"]),
+            "train_window_mfu": _sig(perf["mfu"]),
+            "train_window_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
+            "train_window_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
+            "train_window_compiles": compiles.get("compiles"),
+            "train_window_recompiles": compiles.get("recompiles"),
+            "train_window_new_graphs": compiles.get("unique_graphs"),
+        })
+        return out
+
+    def summary(self) -> dict:
+        """The run's totals, for train_results.json."""
+        return dict(self._summary)

@@ -1,5 +1,5 @@
 """Forward and backward passes outside the training loop that leave training as it would have
-been: the compile warm-up (here) and the communication measurement (qa.communication).
+been: the compile warm-up (here) and the communication measurement (qa.comm_measure).
 
 Both run before the first optimizer step, on the model the training loop calls
 (`Trainer.model_wrapped`: compiled, DDP- or FSDP-wrapped) and the way its `training_step` runs

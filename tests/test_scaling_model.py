@@ -1,4 +1,4 @@
-"""The scaling model (qa/scaling_model.py) against hand-computed cases, and the prediction command
+"""The scaling model (scaling/model.py) against hand-computed cases, and the prediction command
 (tools/scaling_predict.py) on run folders written by qa/records.py's own functions.
 
 Every expected value below is worked out by hand from the formulas in docs/scaling.md,
@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from qa.scaling_model import (BERT_BASE_EMBEDDING_PARAMS, BERT_BASE_QA_PARAMS, Baseline, Settings, WhatIf,
-                              algbw_from_busbw, busbw_for_speedup, busbw_from_algbw, parse_shape, parse_what_if,
-                              predict, ring_allgather_s, ring_allreduce_s, ring_busbw, ring_reducescatter_s)
+from qa.bandwidth import algbw_from_busbw, busbw_from_algbw
+from scaling.model import (BERT_BASE_EMBEDDING_PARAMS, BERT_BASE_QA_PARAMS, Baseline, Settings, WhatIf,
+                           busbw_for_speedup, parse_shape, parse_what_if, predict, ring_allgather_s, ring_allreduce_s,
+                           ring_busbw, ring_reducescatter_s)
 from tests.helpers import REPO
 
 SCRIPT = REPO / "tools" / "scaling_predict.py"
@@ -362,7 +363,7 @@ def test_embedding_params_from_the_model_config():
     from transformers import BertConfig
 
     from qa.model import bundled_minilm_dir
-    from qa.scaling_model import embedding_params
+    from scaling.baseline import embedding_params
 
     minilm = json.loads((bundled_minilm_dir() / "config.json").read_text())
     assert embedding_params(minilm) == _embedding_block_params(BertConfig(**minilm)) == 11_918_592

@@ -101,7 +101,7 @@ def write_run(out: Path, name, job, runtime, f1, world=None, train=True, finish=
         records.finish_run(out, runtime + 95.0 if runtime else 60.0, env)
 
 
-# What the telemetry and the communication measurement of a run record (qa/callbacks.py,
+# What the telemetry and the communication measurement of a run record (qa/telemetry.py,
 # qa/communication.py): step times and, on more than one GPU, the bus bandwidth and a step
 # with and without gradient synchronisation.
 BUSBW = {(1, 2): 20.0, (2, 1): 11.0, (2, 2): 10.5}
@@ -237,7 +237,7 @@ def test_table_numbers(built):
 def test_measured_beside_predicted(built, study):
     """Every multi-GPU cell: its measured step time and parts beside the model's prediction, which
     starts from the median baseline run and takes the cell's own measured bandwidth and batch."""
-    from qa.scaling_model import Baseline, Settings, WhatIf, predict, ring_busbw
+    from scaling.model import Baseline, Settings, WhatIf, predict, ring_busbw
 
     text, summary = built
     entries = {(e["strategy"], e["nodes"], e["gpus_per_node"]): e for e in summary["predictions"]}

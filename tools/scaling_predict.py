@@ -28,7 +28,7 @@ Shapes are NODESxGPUS_PER_NODE. What-ifs: none, bf16 (communicate 2-byte floats)
 (gradient accumulation over K micro-batches), batch=M (M times the per-device batch), joined
 with + (bf16+accum=4). Prints a Markdown table (one row per shape, strategy and what-if, the
 1-GPU baseline first) with the model's inputs and assumptions under it; --json writes the same
-figures, unrounded, atomically. The model: qa/scaling_model.py and docs/scaling.md.
+figures, unrounded, atomically. The model: scaling/model.py and docs/scaling.md.
 
 Exit status 0, or 2 with a one-line `error:` on bad input.
 """
@@ -36,13 +36,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from qa.io import read_json
+from qa.bandwidth import GB
 from qa.errors import InputError, command
-from qa.io import atomic_write_json
-from qa.scaling_model import (BACKWARD_SHARE, BERT_BASE_EMBEDDING_PARAMS, BERT_BASE_QA_PARAMS, DDP_BUCKET_BYTES,
-                              FSDP_UNITS, FT3_INTER_BUSBW, FT3_INTRA_BUSBW, FT3_LATENCY_US, FT3_SOURCES, GB,
-                              STRATEGIES, Baseline, Settings, baseline_from_records, busbw_for_speedup, dtype_bytes,
-                              number, parse_shape, parse_what_if, predict, ring_busbw, run_device)
+from qa.io import atomic_write_json, read_json
+from scaling.baseline import baseline_from_records, number, run_device
+from scaling.model import (BACKWARD_SHARE, BERT_BASE_EMBEDDING_PARAMS, BERT_BASE_QA_PARAMS, DDP_BUCKET_BYTES,
+                           FSDP_UNITS, FT3_INTER_BUSBW, FT3_INTRA_BUSBW, FT3_LATENCY_US, FT3_SOURCES, STRATEGIES,
+                           Baseline, Settings, busbw_for_speedup, dtype_bytes, parse_shape, parse_what_if, predict,
+                           ring_busbw)
 
 DEFAULT_SHAPES = "1x2 2x1 2x2 4x2 8x2"
 DEFAULT_WHAT_IFS = ("none", "bf16", "accum=4", "batch=2")

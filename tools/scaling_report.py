@@ -12,7 +12,7 @@ Writes into DIR (default STUDY), atomically:
   (WALL_CLOCK_SECONDS), median samples/s, speedup (baseline median training time / this median
   training time) and parallel efficiency (speedup / GPUs) against the 1x1 baseline, F1 (median,
   and min-max when they differ); then, for every multi-GPU cell, its median step time beside
-  the communication model's prediction (qa/scaling_model.py, from the baseline run's records and
+  the communication model's prediction (scaling/model.py, from the baseline run's records and
   the cell's own measured bus bandwidth, batch and switches), with the step's measured parts
   (compute, exposed communication, the rest: qa/communication.py) and a flag where measurement
   and model part by more than 25 %; then every failed, incomplete or missing run with its reason
@@ -45,8 +45,8 @@ from pathlib import Path
 
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, atomic_write_text, read_json, read_json_lines
-from qa.scaling_model import (FT3_INTER_BUSBW, FT3_INTRA_BUSBW, Settings, WhatIf, as_number, baseline_from_records,
-                              predict, ring_busbw)
+from scaling.baseline import as_number, baseline_from_records
+from scaling.model import FT3_INTER_BUSBW, FT3_INTRA_BUSBW, Settings, WhatIf, predict, ring_busbw
 
 REPORT, PLOT, SUMMARY = "scaling_report.md", "scaling_speedup.png", "scaling_summary.json"
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -455,7 +455,7 @@ def _median_of(members, key):
 
 def predictions(rows, runs, baseline):
     """(one entry per multi-GPU cell: measured step time and its parts beside the communication
-    model's prediction, notes). The model (qa/scaling_model.py) starts from the baseline run
+    model's prediction, notes). The model (scaling/model.py) starts from the baseline run
     whose step time is the median of the baseline's, and takes each cell's own measured bus
     bandwidth (its comm_* records) where there is one."""
     if baseline is None:

@@ -1,0 +1,163 @@
+"""Measuring a distributed run's gradient communication, before its first training step.
+
+- All-reduce calibration: a buffer as large as the gradients, in the dtype that travels, timed
+  after warm-ups (median of repeats, each its slowest rank's time) over the whole group and, when
+  the job spans nodes, within one node; reported with NCCL-tests' bandwidths (qa.bandwidth).
+- Exposed communication: forward + backward of the real model on a training batch with the
+  gradient synchronisation on and off, alternated; the difference of the medians is what the
+  overlap with backward does not hide. The passes run as training steps do (qa.trial_steps), so
+  training then goes on exactly as it would have without them.
+qa.communication's callback calls `measure` and records what it returns as comm_*.
+"""
+import contextlib
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from .bandwidth import GB, busbw_from_algbw
+from .trial_steps import collate_rows, forward_backward, rng_kept
+
+WARMUPS, REPEATS, STEP_REPEATS = 2, 5, 3
+
+
+# ---------------------------------------------------------------------------------------------
+# All-reduce calibration
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_allreduce(nbytes: int, dtype: torch.dtype, device, group=None, warmups=WARMUPS, repeats=REPEATS) -> dict:
+    """All-reduce of `nbytes` in `dtype` over `group` (default: the whole world): median seconds
+    over `repeats`, each the slowest rank's time, and the NCCL-tests bandwidths."""
+    ranks = dist.get_world_size(group)
+    elements = max(nbytes // torch.tensor([], dtype=dtype).element_size(), 1)
+    buffer = torch.ones(elements, dtype=dtype, device=device)
+    nbytes = buffer.numel() * buffer.element_size()
+    for _ in range(warmups):
+        dist.all_reduce(buffer, group=group)
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        dist.barrier(group=group)
+        _sync(device)
+        start = time.perf_counter()
+        dist.all_reduce(buffer, group=group)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # a collective ends with its last rank
+    seconds = statistics.median(slowest.tolist())
+    algbw = nbytes / seconds / GB
+    return {"ranks": ranks, "bytes": nbytes, "dtype": str(dtype).replace("torch.", ""), "s": seconds,
+            "algbw_GBps": algbw, "busbw_GBps": busbw_from_algbw(algbw, ranks), "repeats": repeats}
+
+
+def node_groups():
+    """The ranks of every node, from every rank's node (torchrun's GROUP_RANK, else the host
+    name), gathered over the world. Collective: every rank calls it."""
+    node = os.environ.get("GROUP_RANK") or socket.gethostname()
+    nodes = [None] * dist.get_world_size()
+    dist.all_gather_object(nodes, node)
+    return [[r for r, n in enumerate(nodes) if n == key] for key in dict.fromkeys(nodes)]
+
+
+def calibrate(nbytes: int, dtype: torch.dtype, device) -> dict:
+    """allreduce_* over the whole group, then intranode_* over one node (jobs over several
+    nodes with several ranks on each), and the number of nodes."""
+    out = {f"allreduce_{k}": v for k, v in time_allreduce(nbytes, dtype, device).items()}
+    ranks = node_groups()
+    out["nodes"] = len(ranks)
+    if len(ranks) > 1 and min(len(r) for r in ranks) > 1:
+        group, _ = dist.new_subgroups_by_enumeration(ranks)  # collective: one group per node
+        out.update({f"intranode_{k}": v for k, v in time_allreduce(nbytes, dtype, device, group=group).items()})
+    elif len(ranks) > 1:
+        out["intranode_note"] = "one rank per node: no link within a node to measure"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Exposed communication of a real step
+
+
+@contextlib.contextmanager
+def _gradient_sync(model, on: bool):
+    if on:
+        yield
+    elif hasattr(model, "no_sync"):  # DDP (and FSDP1)
+        with model.no_sync():
+            yield
+    else:  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+
+def can_toggle_sync(model) -> bool:
+    return hasattr(model, "no_sync") or hasattr(model, "set_requires_gradient_sync")
+
+
+def training_batch(trainer) -> dict:
+    """This rank's share of the first training rows, as the model takes them, on its device."""
+    dataset, args = trainer.train_dataset, trainer.args
+    size = args.per_device_train_batch_size
+    start = (args.process_index * size) % max(len(dataset) - size + 1, 1)
+    return collate_rows(trainer, range(start, min(start + size, len(dataset))))
+
+
+def exposed_communication(trainer, model, batch: dict, device, repeats=STEP_REPEATS) -> dict:
+    """Median forward + backward time with the gradient synchronisation on and off (one warm-up
+    of each first, then alternated), each repeat timed as its slowest rank; nothing stepped.
+    Each pass runs as a training step runs (qa.trial_steps.forward_backward: training mode), so a
+    compiled model reuses the training graphs instead of compiling evaluation-mode ones."""
+    def step(sync: bool) -> float:
+        model.zero_grad(set_to_none=True)
+        dist.barrier()
+        _sync(device)
+        start = time.perf_counter()
+        with _gradient_sync(model, sync):
+            forward_backward(trainer, model, batch)
+        _sync(device)
+        return time.perf_counter() - start
+
+    with rng_kept():
+        step(True)
+        step(False)
+        times = {True: [], False: []}
+        for _ in range(repeats):
+            for sync in (True, False):
+                times[sync].append(step(sync))
+        model.zero_grad(set_to_none=True)
+    slowest = torch.tensor(times[True] + times[False], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    with_sync, without = (statistics.median(slowest[:repeats].tolist()),
+                          statistics.median(slowest[repeats:].tolist()))
+    return {"step_sync_s": with_sync, "step_nosync_s": without, "exposed_s": max(with_sync - without, 0.0),
+            "exposed_share": max(with_sync - without, 0.0) / with_sync if with_sync > 0 else None,
+            "step_repeats": repeats}
+
+
+# ---------------------------------------------------------------------------------------------
+# Both, for the communication callback
+
+
+def measure(trainer, model, wire: torch.dtype, elements: int, device) -> dict:
+    """The calibration of an all-reduce of `elements` gradients in `wire`, the dtype they travel
+    in, then the exposed communication of a real step when `model` (the wrapper that synchronises:
+    DDP, FSDP) can switch its synchronisation off; else a note saying why not."""
+    out = calibrate(elements * torch.tensor([], dtype=wire).element_size(), wire, device)
+    if can_toggle_sync(model):
+        batch = training_batch(trainer)
+        out.update(exposed_communication(trainer, model, batch, device))
+        out["step_batch_shape"] = list(batch["input_ids"].shape)
+    else:
+        out["exposed_note"] = f"{type(model).__name__} cannot switch its gradient synchronisation off"
+    return out

@@ -1,0 +1,139 @@
+"""What training a model costs and what a device can do: model FLOPs, the model's shape, peaks.
+
+Model FLOPs count real tokens only, by PaLM's formula (6N + 12·L·H·s per token); the peaks are
+the dense figures of NVIDIA's data sheets by matmul precision; MFU is achieved model FLOP/s over
+the peak. Pure functions, tested on hand-made numbers (tests/test_telemetry.py): the telemetry
+(qa.telemetry) applies them to what a run measured, bench/run_bench.py to its timed windows.
+"""
+import re
+
+
+# ---------------------------------------------------------------------------------------------
+# The model's shape
+
+
+def model_shape(model) -> dict:
+    """Parameters outside embedding tables (lookups, no FLOPs), layers and hidden size."""
+    import torch
+
+    embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    params = {id(p): p.numel() for p in model.parameters()}
+    config = getattr(model, "config", None)
+    return {
+        "non_embedding_params": sum(n for i, n in params.items() if i not in embedding),
+        "layers": getattr(config, "num_hidden_layers", 0) or 0,
+        "hidden": getattr(config, "hidden_size", 0) or 0,
+    }
+
+
+def gradient_size(model) -> dict:
+    """What one gradient synchronisation moves: the trainable parameters, their dtype, the bytes."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    dtype = params[0].dtype if params else None
+    return {"trainable_params": sum(p.numel() for p in params),
+            "grad_dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+            "grad_bytes": sum(p.numel() * p.element_size() for p in params)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Model FLOPs
+
+
+def flops_per_token(non_embedding_params, layers, hidden, seq_len):
+    """Model FLOPs to train on one token of a sequence of `seq_len` real tokens (forward + backward):
+
+        6 * N  +  12 * L * H * s
+
+    N: parameters outside the embedding tables (every weight matrix costs 2 FLOPs per parameter
+    per token forward, 4 backward); L layers, hidden size H, s the sequence length: the
+    attention scores QK^T and the weighted sum AV cost 2 * 2 * s * H per token per layer forward,
+    3x that with the backward pass. The formula of PaLM (Chowdhery et al. 2022, appendix B),
+    without activation recomputation: this is *model* FLOPs, what MFU is defined on."""
+    return 6 * non_embedding_params + 12 * layers * hidden * seq_len
+
+
+def model_flops(non_embedding_params, layers, hidden, real_tokens, sum_sq_lengths):
+    """Model FLOPs of training on a set of sequences, counting real tokens only.
+
+    Summing `flops_per_token` over the s_i real tokens of each sequence i:
+    sum_i s_i * (6N + 12 L H s_i) = 6 N * sum_i s_i + 12 L H * sum_i s_i**2.
+    Padding positions are computed by the hardware but are not useful work, so they count for
+    nothing here: padding lowers MFU, as it should."""
+    return 6 * non_embedding_params * real_tokens + 12 * layers * hidden * sum_sq_lengths
+
+
+# ---------------------------------------------------------------------------------------------
+# Device peaks
+
+# Dense (no sparsity) peak TFLOP/s per GPU from NVIDIA's data sheets, by the precision the
+# matrix multiplications run in. First matching pattern (on the lower-cased name that
+# torch.cuda.get_device_name() returns) wins, so specific variants come first. A device or a
+# precision missing here gives MFU null unless --peak_tflops is given.
+PEAK_TFLOPS = (
+    (r"gh200", "GH200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
+    (r"h200 nvl", "H200 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
+    (r"h200", "H200 SXM", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
+    (r"h100 nvl", "H100 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
+    (r"h100.*pcie", "H100 PCIe", {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51}),
+    (r"h100", "H100 SXM", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
+    (r"a100", "A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),
+    (r"l40s", "L40S", {"bf16": 362, "fp16": 362, "tf32": 183, "fp32": 91.6}),
+    (r"l40\b", "L40", {"bf16": 181, "fp16": 181, "tf32": 90.5, "fp32": 90.5}),
+    (r"\bl4\b", "L4", {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}),
+    (r"a40\b", "A40", {"bf16": 150, "fp16": 150, "tf32": 74.8, "fp32": 37.4}),
+    (r"\ba10\b", "A10", {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}),
+    (r"v100s", "V100S", {"fp16": 130, "fp32": 16.4}),
+    (r"v100.*pcie", "V100 PCIe", {"fp16": 112, "fp32": 14}),
+    (r"v100", "V100 SXM2", {"fp16": 125, "fp32": 15.7}),
+    (r"\bt4\b", "T4", {"fp16": 65, "fp32": 8.1}),
+)
+
+
+def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
+    """The precision the matrix multiplications run in: 'bf16', 'fp16', 'tf32' or 'fp32'.
+    `tf32`: TrainingArguments.tf32; None asks torch (its default for matmuls is full fp32)."""
+    if bf16:
+        return "bf16"
+    if fp16:
+        return "fp16"
+    if tf32 is None:
+        import torch
+
+        try:
+            tf32 = torch.get_float32_matmul_precision() != "highest"
+        except RuntimeError:  # torch >= 2.9 refuses once TF32 was set through its newer API
+            tf32 = torch.backends.cuda.matmul.fp32_precision == "tf32"
+    return "tf32" if tf32 else "fp32"
+
+
+def peak_flops(device_name, precision, override_tflops=None):
+    """-> (peak FLOP/s or None, where the figure comes from). `override_tflops` (--peak_tflops)
+    wins; a CPU (device_name None) has no entry: MFU is then null unless overridden. So is a MIG
+    slice ('NVIDIA H100 80GB HBM3 MIG 1g.10gb'): it has a fraction of the card's units, and
+    the card's peak would understate its MFU by that fraction."""
+    if override_tflops:
+        return override_tflops * 1e12, f"--peak_tflops {override_tflops:g}"
+    if not device_name:
+        return None, "no peak for a CPU (pass --peak_tflops)"
+    name = device_name.lower()
+    if re.search(r"\bmig\b", name):
+        return None, (f"{device_name!r} is a MIG slice of a GPU, whose share of the card's peak is not known "
+                      "(pass --peak_tflops)")
+    for pattern, label, peaks in PEAK_TFLOPS:
+        if re.search(pattern, name):
+            if precision in peaks:
+                return peaks[precision] * 1e12, f"{label} {precision} dense"
+            return None, f"no {precision} peak for {label} (pass --peak_tflops)"
+    return None, f"unknown device {device_name!r} (pass --peak_tflops)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Utilisation
+
+
+def mfu(flops, seconds, peak_flops_per_s):
+    """Model FLOPs utilisation: achieved model FLOP/s over the device's peak. None without a
+    measured time or a peak."""
+    if not seconds or seconds <= 0 or not peak_flops_per_s:
+        return None
+    return flops / seconds / peak_flops_per_s
