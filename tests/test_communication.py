@@ -42,6 +42,11 @@ def _hook_worker(rank, port, hook, out):
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     if rank == 0:
         torch.save({"registered": registered, "grads": grads}, out)
+    # Both ranks done before either tears down: a rank that destroys its group while the other's
+    # DDP reducer still holds gloo work aborts the process ("terminate called without an active
+    # exception").
+    del model
+    dist.barrier()
     dist.destroy_process_group()
 
 

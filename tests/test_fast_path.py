@@ -84,18 +84,19 @@ def test_compile_settings_reach_accelerate(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     import torch.fx.experimental._config as shapes
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    monkeypatch.setattr(shapes, "use_duck_shape", True)
-    configure_compile(SimpleNamespace(compile_dynamic="auto", compile_regional=False))
-    plugin = TorchDynamoPlugin(backend="inductor", dynamic=None)  # what the Trainer builds
-    assert plugin.dynamic is None and not plugin.use_regional_compilation
-    configure_compile(SimpleNamespace(compile_dynamic="true", compile_regional=True))
-    plugin = TorchDynamoPlugin(backend="inductor", dynamic=None)
-    assert plugin.dynamic is True and plugin.use_regional_compilation
-    assert shapes.use_duck_shape is False  # equal sizes at tracing get symbols of their own
-    configure_compile(SimpleNamespace(compile_dynamic="false", compile_regional=True))
-    assert TorchDynamoPlugin(backend="inductor", dynamic=None).dynamic is False
-    assert torch._dynamo.config.recompile_limit >= STATIC_RECOMPILE_LIMIT
+    # The config modules' own patch(): pytest's monkeypatch would delete (and so hide) these
+    # attributes when it undoes, as they live outside the module's __dict__.
+    with torch._dynamo.config.patch(recompile_limit=8), shapes.patch(use_duck_shape=True):
+        configure_compile(SimpleNamespace(compile_dynamic="auto", compile_regional=False))
+        plugin = TorchDynamoPlugin(backend="inductor", dynamic=None)  # what the Trainer builds
+        assert plugin.dynamic is None and not plugin.use_regional_compilation
+        configure_compile(SimpleNamespace(compile_dynamic="true", compile_regional=True))
+        plugin = TorchDynamoPlugin(backend="inductor", dynamic=None)
+        assert plugin.dynamic is True and plugin.use_regional_compilation
+        assert shapes.use_duck_shape is False  # equal sizes at tracing get symbols of their own
+        configure_compile(SimpleNamespace(compile_dynamic="false", compile_regional=True))
+        assert TorchDynamoPlugin(backend="inductor", dynamic=None).dynamic is False
+        assert torch._dynamo.config.recompile_limit >= STATIC_RECOMPILE_LIMIT
 
 
 # ---------------------------------------------------------------------------------------------
