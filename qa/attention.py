@@ -1,21 +1,10 @@
 """PyTorch's fused attention (sdpa) with the attention mask always passed, for compiled models.
 
-transformers builds the mask a model's attention layers receive with a mask function chosen by
-the attention implementation; for sdpa it returns no mask at all (None) when no token of the
-batch is padding, so that PyTorch may pick its flash kernel, which takes no mask. A compiled
-layer guards on the kind of every input it was traced with: the first batch without padding
-hands it None where it saw a tensor and recompiles it, however late in training that batch
-comes. With regional compilation (the mask is built outside the compiled layers) on SQuAD at 384
-tokens, 2% of the features fill the window, and a length-grouped batch of them has no padding
-(seen on a CPU around step 100-150, inside the benchmark's timed window).
-
-`sdpa_with_mask` is sdpa with a mask function that always builds the mask (all True when
-nothing is padding), registered through transformers' public extension points
-(`AttentionInterface`, `AttentionMaskInterface`), so the compiled layers see one input
-signature whatever the batch. The attention computed is the same; only the kernel choice for
-a batch without padding changes (a masked kernel instead of flash), which batches with padding
-use anyway. `load_model_and_tokenizer` switches a model to it when the run compiles.
-"""
+For sdpa, transformers passes no mask (None) when no token of a batch is padding; a compiled
+layer traced with a mask then recompiles on the first such batch, however late it comes (2% of
+SQuAD features fill 384 tokens). `sdpa_with_mask`, registered through transformers' public
+AttentionInterface / AttentionMaskInterface, always builds the mask: the same attention, one
+input signature. `load_model_and_tokenizer` switches a model to it when the run compiles."""
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import sdpa_mask
 

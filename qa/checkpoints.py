@@ -1,20 +1,11 @@
 """Which checkpoint to resume from, and how to tell a whole checkpoint from a torn or damaged one.
 
-The Trainer writes a checkpoint's files one by one into `checkpoint-N/`; a job killed at its
-time limit while saving leaves a folder that looks like a checkpoint but is not one. So a
-checkpoint counts only once it holds COMPLETE_MARKER, written atomically after every rank has
-finished saving (see QuestionAnsweringTrainer._save_checkpoint).
-
-A marker is not proof that the files are still whole: a copy cut short, a full disk or a quota
-can damage them later. So the marker lists every file of the checkpoint with its size and an
-xxh3-128 hash of its content (xxhash comes with `datasets`: 1.3 GB, a bert-base checkpoint with
-its AdamW state, hashed in 0.33 s from the page cache on the project's 2-core development VM,
-November 2026, `file_hash` on a file of random bytes), and a checkpoint is resumed from only
-after its files match. A marker of an earlier version (only
-`global_step`) cannot say what the files were; their formats are checked instead (a
-safetensors file against the size its header describes, a torch zip file against the CRC of
-every member, JSON files parse), with a warning.
-"""
+A checkpoint counts once it holds COMPLETE_MARKER, written atomically after every rank finished
+saving (QuestionAnsweringTrainer._save_checkpoint), so a job killed while saving never resumes
+from a torn folder. The marker lists each file's size and xxh3-128 hash (a bert-base checkpoint,
+1.3 GB, hashes in about 0.3 s from the page cache), so a file damaged later (a cut copy, a full
+disk) is caught before resuming and the next newest checkpoint that verifies is used. README,
+"Resuming"."""
 import json
 import logging
 import re

@@ -1,29 +1,10 @@
-"""SQuAD v1.1 and v2.0 scores, computed exactly as the official evaluation scripts compute them.
+"""SQuAD v1.1 and v2.0 scores, computed exactly as the official evaluation scripts compute them
+(the same normalisation, token-overlap F1, maximum over gold answers and float summation), so
+the numbers compare with published ones to the last digit.
 
-The official scripts (`evaluate-v1.1.py`, `evaluate-v2.0.py` from the SQuAD authors) define the
-numbers people compare on leaderboards, so this module reproduces their arithmetic to the last
-printed digit: the same answer normalisation, the same token-overlap F1 formula, the same maximum
-over gold answers, and the same order and kind of float summation (v1.1 adds per-question scores
-one by one with `+=`; v2.0 uses the builtin `sum`, which newer Pythons compensate, so the two are
-kept apart rather than unified).
-
-One deliberate difference: a question without a prediction scores 0 and still counts in every
-denominator, in both versions. The official v1.1 script does the same, but the official v2.0
-script leaves such a question out of `total` (inflating the score), or crashes with a KeyError
-when it is needed for the HasAns/NoAns split. On a prediction file that answers every question the
-output is identical to the official scripts'. The `score` command says on one line how many
-questions have a prediction when some do not, and `--only_predicted` scores those only; a
-predictions file none of whose ids is a question of the dataset is an error, not an F1 of 0.
-
-Other departures do not change any number: notes go to stderr, in one line (the official scripts
-print one "Unanswered question"/"Missing prediction" line per question, v2.0 to stdout, in the way
-of its JSON), bad input gives a one-line `error: ...` instead of a traceback, and the
-precision-recall plots are not produced.
-
-Public API: `normalize_answer`, `squad_v1_scores`, `squad_v2_scores`, `squad_scores`,
-`scores_from_examples`, `main` (the `score` command). The dataset is read by qa.data (`read_squad`),
-the project's one reader of SQuAD files; predictions and probabilities by qa.io's `read_json`.
-"""
+One deliberate difference: a question without a prediction scores 0 and counts in every
+denominator, in both versions (the official v2.0 script leaves it out, or crashes). `main` is the
+`score` command (README, "Scoring a predictions file")."""
 import argparse
 import collections
 import json

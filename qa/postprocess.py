@@ -1,28 +1,11 @@
-"""Turn start/end logits over tokenized features into answer texts (SQuAD v1.1 and v2.0).
+"""Start/end logits over tokenized features (windows) into answer texts, SQuAD v1.1 and v2.0.
 
-Two implementations with one signature and identical results:
-
-- `postprocess_qa_predictions`: vectorised with numpy (the 10,784 SQuAD dev features in under a
-  second of CPU time on 2 cores; `bench/bench_postprocess.py` measures it);
-- `postprocess_qa_predictions_reference`: the plain loop, kept as the oracle for tests and benchmarks.
-
-The algorithm is that of the well-known Hugging Face example. For each feature (window) take the
-`n_best_size` highest start and end positions among its first `len(offset_mapping)` tokens (ties:
-lower position first); a (start, end) pair is a candidate when both tokens are context tokens
-(offset not None), end >= start and end - start + 1 <= max_answer_length; its score is
-start_logit + end_logit and its text context[offsets[start][0]:offsets[end][1]]. The candidates
-of all the windows of a question are ranked by score (ties: feature order, then start rank, then
-end rank) and the best `n_best_size` kept.
-
-SQuAD v2: the null score of a question is the smallest start_logits[0] + end_logits[0] over its
-features; a "" entry with that score joins the n-best (after candidates of equal score, and kept
-even when it ranks below the top n_best_size); null_odds = null score - best non-null score, and
-the prediction is "" when null_odds > null_score_diff_threshold, else the best non-null text.
-
-A question without any valid span gets the prediction "" and a fallback n-best entry
-{"text": "", score 0}, which also stands as its best non-null score in null_odds (as in the
-reference example). A question without any feature is answered "" the same way, with a warning.
-"""
+`postprocess_qa_predictions` is vectorised with numpy (the 10,784 dev features in under a second;
+bench/bench_postprocess.py); `postprocess_qa_predictions_reference` is the plain loop of the
+well-known Hugging Face example, kept as the oracle the tests hold it to. Both: the n_best
+start/end positions per window, candidate spans inside the context and max_answer_length, ranked
+by start + end logit across a question's windows; v2 adds the null answer and null_odds. The
+reference's docstring is the specification, ties and fallbacks included."""
 import collections
 import logging
 import math
@@ -116,7 +99,22 @@ def postprocess_qa_predictions_reference(examples, features, all_start_logits, a
                                          version_2_with_negative=False, n_best_size=20,
                                          max_answer_length=30, null_score_diff_threshold=0.0,
                                          output_dir=None, prefix=None):
-    """The plain loop version of `postprocess_qa_predictions` (same arguments, same results)."""
+    """The plain loop version of `postprocess_qa_predictions` (same arguments, same results),
+    and the specification both follow.
+
+    Per window: the `n_best_size` highest start and end positions among its first
+    `len(offset_mapping)` tokens (ties: lower position first); a (start, end) pair is a candidate
+    when both are context tokens (offset not None), end >= start and end - start + 1 <=
+    max_answer_length; score start_logit + end_logit, text context[offsets[start][0]:
+    offsets[end][1]]. A question's candidates from all its windows are ranked by score (ties:
+    window order, then start rank, then end rank) and the best `n_best_size` kept.
+    SQuAD v2: the null score is the smallest start_logits[0] + end_logits[0] over the question's
+    windows; a "" entry with it joins the n-best (after candidates of equal score, kept even below
+    the top n_best_size); null_odds = null score - best non-null score, and the prediction is ""
+    when null_odds > null_score_diff_threshold. A question without a valid span (or without any
+    window, with a warning) is answered "" with the fallback entry {"text": "", score 0}, which
+    also stands as its best non-null score in null_odds.
+    """
     ids, contexts = _column(examples, "id"), _column(examples, "context")
     feature_example_ids = _column(features, "example_id")
     offsets = _column(features, "offset_mapping")

@@ -1,24 +1,10 @@
 """Profiling a few training steps with torch.profiler, as a Trainer callback.
 
-`--profile true` starts the profiler at train begin and advances its schedule at each optimizer
-step end: `--profile_wait` steps skipped, `--profile_warmup` traced and discarded, then
-`--profile_active` steps recorded, `--profile_repeat` times (0: until training ends). Only those
-steps are recorded, so memory stays bounded (a whole run's trace would not fit). Only the world
-process zero profiles under DDP; the other ranks train untouched.
-
-Each recorded cycle writes, under `output_dir/profile/` (cycle 1 without suffix, later cycles
-with `-cycle<k>`):
-- `operators.txt`: `key_averages().table()` sorted by self device time on a GPU
-  (`self_device_time_total`, the former `self_cuda_time_total`), by self CPU time without one;
-- `trace.json`: Chrome trace (open in https://ui.perfetto.dev or chrome://tracing);
-- `memory.txt`: operators by the memory they allocate (`profile_memory=True`), and on a GPU the
-  peak allocated memory and `torch.cuda.memory_summary()`; on a CPU the process's peak RSS;
-- `profile.json`: which global steps each cycle recorded, the device and the files.
-
-The profiler records, it does not change what is computed: a run gives the same loss and
-metrics with and without it (tests/test_profiling.py). It does slow the steps it records, so
-throughput figures of a profiled run (train/perf/*) include that overhead around those steps.
-"""
+A bounded schedule (`--profile_wait/_warmup/_active/_repeat`), on the world's process zero
+only, so memory stays bounded and the other ranks train untouched. Each recorded cycle writes
+operators.txt (sorted by device time on a GPU), trace.json, memory.txt and profile.json under
+`output_dir/profile/` (README, "Where the time goes"). It records and changes nothing computed
+(tests/test_profiling.py); the recorded steps are slower, which a profiled run's throughput shows."""
 import logging
 import time
 from pathlib import Path

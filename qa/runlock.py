@@ -1,23 +1,11 @@
-"""One run per output folder.
+"""One run per output folder: `output_dir/run.lock`, taken before anything is written there.
 
-Two runs writing into one `output_dir` (a job submitted twice, a rerun started while the first
-still trains) would overwrite each other's checkpoints, model and results. So a run takes the
-folder's lock, `output_dir/run.lock`, before it writes anything there, and gives it back when it
-ends (also on an error and on the SIGTERM checkpoint exit). The lock is per run, taken by global
-rank 0 only; the other ranks learn the outcome from it (qa.ranks.on_main_rank). It is created
-with O_EXCL, so of two runs starting together exactly one gets it, and it records who holds it:
-host, process id and that process's start time, SLURM job id and restart count, start time.
-
-A second run refuses at start, with one line naming the holder. A lock whose run is gone is
-stale and taken over, with a warning:
-- the holder is an earlier run of the same SLURM job (same job id, another restart count): a
-  requeued job continues in its own folder (SLURM ends a job's processes before requeueing it);
-- the holder ran on this host and its process has ended, or its process id now belongs to
-  another process (its start time differs);
-- the holder ran on another host and its heartbeat stopped: the holder refreshes the lock's
-  modification time every HEARTBEAT_SECONDS, and a lock not refreshed for STALE_AFTER_SECONDS
-  is stale (a process on another host cannot be asked whether it lives).
-"""
+Two runs in one folder (a job submitted twice, a rerun while the first still trains) would
+overwrite each other's checkpoints and results. Global rank 0 creates the lock with O_EXCL
+(other ranks learn the outcome through qa.ranks) and records host, pid and its start time, SLURM
+job and restart count; a second run refuses with one line naming the holder. A lock whose run is
+gone (same SLURM job requeued; same host and the process ended; another host and no heartbeat
+for STALE_AFTER_SECONDS) is taken over with a warning. README, "One run per output folder"."""
 import json
 import logging
 import os

@@ -1,22 +1,11 @@
 """Forward and backward passes outside the training loop that leave training as it would have
 been: the compile warm-up (here) and the communication measurement (qa.comm_measure).
 
-Both run before the first optimizer step, on the model the training loop calls
-(`Trainer.model_wrapped`: compiled, DDP- or FSDP-wrapped) and the way its `training_step` runs
-it: in training mode, under the Trainer's loss context, through `compute_loss` and the
-accelerator's `backward`. So a compiled model meets the very graphs training uses (an
-evaluation-mode pass would trace other graphs: no dropout, another grad mode) and nothing else.
-Nothing is stepped; gradients are cleared and every random generator is put back afterwards.
-
-Compile warm-up (`--compile_warmup`): a compiled model compiles a graph for each batch shape it
-has not met (static shapes: every padded width, and the last, smaller batch of an epoch;
-symbolic shapes: the few specialisations torch makes), at the step that first brings it, which
-can be long after the start (a width met first at step 100 of a benchmark's timed window; with
-symbolic lengths, a batch whose size crosses a threshold a compiled kernel chose on, such as
-batch x width <= 4096 on a CPU). The warm-up runs one batch of every shape the run's collator
-will produce, taken from the training features, before the first step, so that training
-compiles nothing more.
-"""
+They run on the model the training loop calls and the way `training_step` runs it (training
+mode, compute_loss, the accelerator's backward), so a compiled model meets the graphs training
+uses; nothing is stepped, gradients are cleared and every random generator is put back. The
+warm-up (`--compile_warmup`) runs one batch of every shape the collator will produce before the
+first step, so that no compilation lands later (in a benchmark's timed window, say)."""
 import contextlib
 import inspect
 import itertools
