@@ -6,7 +6,8 @@ into answer texts and scored against the gold answers. Every rank does this on t
 gathered logits and so ends with the same metrics: `load_best_model_at_end` with
 `metric_for_best_model="eval_f1"` then works under DDP, where a metric computed on rank 0
 alone leaves the other ranks without `eval_f1` (the failure of the well-known example).
-Only the main process writes prediction files.
+Only the main process writes prediction files. The other overrides keep evaluation in order,
+length grouping cheap, checkpoints marked complete and the final save atomic; each says why.
 """
 import contextlib
 import inspect

@@ -342,13 +342,16 @@ def test_global_batch_must_divide():
                                "multiple of 2 (e.g. 4 or 6)")
 
 
-def test_run_resolves_global_batch_and_its_defaults(caplog):
+def test_run_resolves_global_batch_and_its_defaults(caplog, tmp_path, monkeypatch):
     """What the launcher did in the shell is the run's own: --global_batch split at start (logged on
     the main process with the learning rate), and DDP's search for unused parameters off unless given."""
     from qa.config import finalize, parse_args
 
+    # finalize points TensorBoard at the output folder through the environment, which the jobs
+    # submitted later in this process would inherit
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     base = ["--model_name_or_path", "bundled:tiny-bert", "--use_cpu", "true", "--report_to", "none",
-            "--per_device_train_batch_size", "12", "--learning_rate", "3e-5"]
+            "--per_device_train_batch_size", "12", "--learning_rate", "3e-5", "--output_dir", str(tmp_path / "out")]
     _, _, run_args, training_args, explicit = parse_args(base + ["--global_batch", "96"])
     with caplog.at_level("INFO", logger="qa.config"):
         finalize(training_args, run_args, explicit)
