@@ -34,9 +34,10 @@
 #                     "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap":
 #                     ["BertLayer"], "state_dict_type": "FULL_STATE_DICT"}]
 #   GLOBAL_BATCH      keep per-device batch x world size x gradient accumulation at this value
-#                     while scaling: the per-device batch is at most the configured one (the
-#                     memory limit) and gradient accumulation makes up the rest; an error if it
-#                     does not divide by the world size. The learning rate is not changed.
+#                     while scaling: an error at once if it does not divide by the world size, then
+#                     run_qa.py's --global_batch: the per-device batch is at most the configured one
+#                     (the memory limit) and gradient accumulation makes up the rest. The learning
+#                     rate is not changed.
 #   NPROC_PER_NODE    processes per node [SLURM_GPUS_ON_NODE: the GPUs granted by --gres]; set it
 #                     for CPU runs (no GPUs) or to use fewer GPUs than granted
 #   MASTER_PORT       rendezvous port [20000 + job id % 10000]

@@ -30,7 +30,8 @@
 #                 (a relative path is looked up in the submit folder, then in the repository)
 #   OUTPUT_DIR    passed as --output_dir (before RUN_ARGS and the arguments, which win)
 #   RUN_ARGS      more run_qa.py arguments, split on spaces ("--seed 7 --max_steps 100")
-#   GLOBAL_BATCH  keep the global batch at this size (per-device batch x gradient accumulation)
+#   GLOBAL_BATCH  keep the global batch at this size: run_qa.py's --global_batch (per-device batch x
+#                 gradient accumulation)
 #   STRATEGY, FSDP_CONFIG, MASTER_PORT, SHUTDOWN_TIMEOUT, OMP_NUM_THREADS  as in job_ddp.sh
 #   HF_HOME       Hugging Face cache [from ENV_FILE, else ${LUSTRE:-${STORE:-$HOME}}/hf_cache]
 #   OFFLINE       1: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE/TRANSFORMERS_OFFLINE=1 (compute nodes have no

@@ -64,10 +64,11 @@ def run(argv):
     check_trainer_contracts()
     model_args, data_args, run_args, training_args, explicit = parse_args(argv)  # every setting checked
     # Reading should_log sets up the devices and, in a distributed run, the process group that
-    # on_main_rank below needs. Logging is configured first so that finalize's notes are shown.
+    # finalize (the world size) and on_main_rank below need. Logging is configured first so that
+    # finalize's notes are shown.
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         level=logging.INFO if training_args.should_log else logging.WARNING)
-    finalize(training_args, explicit)
+    finalize(training_args, run_args, explicit)
     splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
                               ("test", training_args.do_predict)) if on]
     if not splits:

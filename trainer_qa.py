@@ -6,8 +6,10 @@ into answer texts and scored against the gold answers. Every rank does this on t
 gathered logits and so ends with the same metrics: `load_best_model_at_end` with
 `metric_for_best_model="eval_f1"` then works under DDP, where a metric computed on rank 0
 alone leaves the other ranks without `eval_f1` (the failure of the well-known example).
-Only the main process writes prediction files.
+Only the main process writes prediction files. The other overrides keep evaluation in order,
+length grouping cheap, checkpoints marked complete and the final save atomic; each says why.
 """
+import contextlib
 import inspect
 import logging
 import math
@@ -16,11 +18,9 @@ import shutil
 import time
 
 import transformers
-from torch.utils.data import SequentialSampler
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_pt_utils import LengthGroupedSampler
-from transformers.trainer_utils import (EvalLoopOutput, TrainerMemoryTracker, has_length, rotate_checkpoints,
-                                        speed_metrics)
+from transformers.trainer_utils import EvalLoopOutput, rotate_checkpoints, speed_metrics
 
 from qa.checkpoints import COMPLETE_MARKER, write_marker
 from qa.errors import InputError
@@ -51,19 +51,21 @@ def _uses(fn, text: str) -> bool:
 def trainer_contracts(trainer_cls=Trainer) -> list:
     """What QuestionAnsweringTrainer relies on in transformers' Trainer, as (what, holds) pairs.
 
-    The overrides below replace or call Trainer internals (_get_train_sampler, _get_eval_sampler,
-    _save_checkpoint, evaluation_loop, _memory_tracker, log): a release that renamed one, changed
-    its parameters, or stopped calling it would run without any error and silently lose what the
-    override does (the length column, the evaluation order, the completion marker). Each entry
-    checks one such fact, read from the installed classes and functions; none builds a model."""
+    The overrides below replace or call Trainer methods (two of them internal: _get_train_sampler,
+    _save_checkpoint): a release that renamed one, changed its parameters, or stopped calling it
+    would run without any error and silently lose what the override does (the length column, the
+    evaluation order, the completion marker). Each entry checks one such fact, read from the
+    installed classes and functions; none builds a model."""
     t, args = trainer_cls, TrainingArguments.__dataclass_fields__
     return [
         ("Trainer.log(logs, start_time)", _params(t.log)[1:3] == ["logs", "start_time"]),
         ("Trainer._get_train_sampler(train_dataset), called by get_train_dataloader",
          _params(t._get_train_sampler)[1:] == ["train_dataset"]
          and _uses(t.get_train_dataloader, "self._get_train_sampler")),
-        ("Trainer._get_eval_sampler(eval_dataset), called by get_eval_dataloader and get_test_dataloader",
-         _params(t._get_eval_sampler)[1:] == ["eval_dataset"]
+        ("Trainer.get_eval_dataloader(eval_dataset) and get_test_dataloader(test_dataset), choosing the sampler "
+         "when called",
+         _params(t.get_eval_dataloader)[1:] == ["eval_dataset"]
+         and _params(t.get_test_dataloader)[1:] == ["test_dataset"]
          and _uses(t.get_eval_dataloader, "self._get_eval_sampler")
          and _uses(t.get_test_dataloader, "self._get_eval_sampler")),
         ("Trainer._save_checkpoint(model, trial), rotating by args.save_total_limit",
@@ -77,10 +79,6 @@ def trainer_contracts(trainer_cls=Trainer) -> list:
                                              "metric_key_prefix"]),
         ("EvalLoopOutput with predictions, metrics, num_samples",
          {"predictions", "metrics", "num_samples"} <= set(EvalLoopOutput._fields)),
-        ("Trainer._memory_tracker, a TrainerMemoryTracker with start() and stop_and_update_metrics(metrics)",
-         _uses(t.__init__, "self._memory_tracker = TrainerMemoryTracker(")
-         and _params(TrainerMemoryTracker.stop_and_update_metrics)[1:] == ["metrics"]
-         and hasattr(TrainerMemoryTracker, "start")),
         ("rotate_checkpoints(output_dir, save_total_limit, best_model_checkpoint, use_mtime)",
          {"output_dir", "save_total_limit", "best_model_checkpoint", "use_mtime"} <= set(_params(rotate_checkpoints))),
         ("speed_metrics(split, start_time, num_samples, num_steps)",
@@ -117,19 +115,16 @@ class QuestionAnsweringTrainer(Trainer):
         self.log_extras = log_extras
 
     def log(self, logs, start_time=None):
-        # Trainer.log copies `logs` into state.log_history before any callback sees it, so values
-        # a callback added in on_log would miss trainer_state.json; they join here instead
-        # (Trainer.log is documented as the method to override for this).
+        # Why: Trainer.log stores `logs` before callbacks see them, so the run's figures join here (documented).
         if self.log_extras is not None:
             logs.update(self.log_extras(logs))
         super().log(logs, start_time)
 
     def _get_train_sampler(self, train_dataset=None):
-        # transformers (5.17 to 5.23) builds the sampler from the dataset *after* removing the columns the
-        # model does not take, so a precomputed `length` column is gone by then and it would read
-        # every row to measure input_ids; read the column from the full dataset instead.
-        dataset = self.train_dataset
-        name = self.args.length_column_name
+        # Why: the Trainer reads lengths row by row, seconds a run at SQuAD's size; as one list: milliseconds.
+        # Its copy of the dataset has lost `length` with the unused columns, so it measures every row; kept
+        # (remove_unused_columns=False), the column is a datasets Column indexed per row at every epoch.
+        dataset, name = self.train_dataset, self.args.length_column_name
         if (self.args.train_sampling_strategy == "group_by_length" and hasattr(dataset, "column_names")
                 and name in dataset.column_names):
             lengths = dataset.with_format("arrow")[name].to_pylist()
@@ -137,37 +132,35 @@ class QuestionAnsweringTrainer(Trainer):
                                         lengths=lengths)
         return super()._get_train_sampler(train_dataset)
 
-    def _get_eval_sampler(self, eval_dataset):
-        # Post-processing pairs the i-th row of logits with the i-th feature, so evaluation and
-        # prediction keep the dataset's order. (transformers 5.17-5.23 apply a length-grouped,
-        # shuffled sampler to evaluation too when train_sampling_strategy="group_by_length".)
-        if eval_dataset is None or not has_length(eval_dataset):
-            return None
-        return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
+    def get_eval_dataloader(self, eval_dataset=None):
+        # Why: logits pair with features by position; under group_by_length the Trainer would shuffle these too.
+        with _arguments_set(self.args, train_sampling_strategy="random"):
+            return super().get_eval_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset):
+        # Why: as in get_eval_dataloader: prediction keeps the features' order.
+        with _arguments_set(self.args, train_sampling_strategy="random"):
+            return super().get_test_dataloader(test_dataset)
 
     def _save_checkpoint(self, model, trial):
+        # Why: the completion marker, once every rank has saved; rotation after it, so a complete one remains.
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         marker = os.path.join(folder, COMPLETE_MARKER)
         if self.args.should_save and os.path.exists(marker):
             os.remove(marker)  # the same step saved again: incomplete until rewritten
-        # The Trainer deletes old checkpoints (save_total_limit) as soon as it has written the new
-        # one, before the marker below; a job killed in between would keep no complete checkpoint.
-        # So rotation waits until the new one is marked complete.
-        limit, self.args.save_total_limit = self.args.save_total_limit, None
-        try:
+        # The Trainer deletes old checkpoints (save_total_limit) as soon as it has written the new one, before
+        # the marker below: a job killed in between would keep no complete checkpoint.
+        with _arguments_set(self.args, save_total_limit=None):
             super()._save_checkpoint(model, trial)
-        finally:
-            self.args.save_total_limit = limit
-        # Only once every rank has written its part (its RNG state, its FSDP shards) is the
-        # checkpoint whole; the marker says so, and resuming trusts nothing without it.
-        self.accelerator.wait_for_everyone()
+        self.accelerator.wait_for_everyone()  # every rank's part (its RNG state, its FSDP shards) is written
         if self.args.should_save:
             give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
             write_marker(folder, self.state.global_step)  # every file's size and hash, for resuming
-            rotate_checkpoints(output_dir=os.path.dirname(folder), save_total_limit=limit,
+            rotate_checkpoints(output_dir=os.path.dirname(folder), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
     def save_model(self, output_dir=None, _internal_call=False):
+        # Why: the final model is written atomically, so a job killed while saving leaves no torn weights.
         """The final model goes to a staging folder first and then file by file into place with
         atomic renames, so a job killed while saving never leaves a torn weights file. One run
         writes into an output folder at a time (qa.runlock), so the staging folder is this run's;
@@ -190,6 +183,7 @@ class QuestionAnsweringTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
     def evaluate(self, eval_dataset=None, eval_examples=None, ignore_keys=None, metric_key_prefix="eval"):
+        # Why: SQuAD's metrics are per question, from the logits of all its features (post-processing).
         features = eval_dataset if eval_dataset is not None else self.eval_dataset
         examples = eval_examples if eval_examples is not None else self.eval_examples
         _, metrics = self._predict_and_score(self.get_eval_dataloader(features), features, examples, ignore_keys,
@@ -199,6 +193,7 @@ class QuestionAnsweringTrainer(Trainer):
         return metrics
 
     def predict(self, test_dataset, test_examples=None, ignore_keys=None, metric_key_prefix="predict"):
+        # Why: answers are per question, from the logits of all its features, and written to files.
         """Returns (predictions: question id -> answer text, metrics). Metrics include F1/EM
         only when the examples carry gold answers."""
         predictions, metrics = self._predict_and_score(
@@ -208,7 +203,6 @@ class QuestionAnsweringTrainer(Trainer):
         return predictions, metrics
 
     def _predict_and_score(self, dataloader, features, examples, ignore_keys, prefix, description, files_prefix):
-        self._memory_tracker.start()
         start = time.time()
         output = self.evaluation_loop(dataloader, description=description, prediction_loss_only=False,
                                       ignore_keys=ignore_keys, metric_key_prefix=prefix)
@@ -227,5 +221,17 @@ class QuestionAnsweringTrainer(Trainer):
                                      num_steps=math.ceil(output.num_samples / batch)))
         metrics[f"{prefix}_examples"] = len(examples)
         metrics[f"{prefix}_predictions"] = len(predictions)  # answers written, one per question
-        self._memory_tracker.stop_and_update_metrics(metrics)
         return predictions, metrics
+
+
+@contextlib.contextmanager
+def _arguments_set(args, **values):
+    """`args` (TrainingArguments) with `values` for the duration of the block, then as before."""
+    before = {name: getattr(args, name) for name in values}
+    for name, value in values.items():
+        setattr(args, name, value)
+    try:
+        yield args
+    finally:
+        for name, value in before.items():
+            setattr(args, name, value)

@@ -45,7 +45,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from qa.config import to_flags  # noqa: F401  (re-exported for parity.py)
+from qa.cmdline import to_flags  # noqa: F401  (re-exported for parity.py)
 from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.io import read_json

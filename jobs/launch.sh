@@ -7,9 +7,10 @@
 # case of a multi-GPU one:
 #   1. checks that need no Python, so bad input fails within a second: ENV_FILE, the config, the
 #      SLURM job, the shape, GLOBAL_BATCH, STRATEGY;
-#   2. the settings run_qa.py will use (output folder, batch, accumulation, learning rate, which
-#      arguments were given), from run_qa.py's own parser (`python -m qa.config`): no default is
-#      restated here;
+#   2. the folder run_qa.py will write into (job_time.jsonl goes there too), read from the config
+#      and the arguments by `python -m qa.cmdline output_dir` (the standard library only: nothing
+#      imports transformers before srun). Batch arithmetic and defaults are run_qa.py's own:
+#      GLOBAL_BATCH goes to it as --global_batch, and it logs the global batch at start;
 #   3. `srun` one task per node, each a `torchrun` starting the node's processes (c10d rendezvous
 #      on the first node), in the background while the shell waits;
 #   4. USR1 (`--signal=B:USR1@T`) or TERM: SIGTERM to every process of the job's steps, which save
@@ -42,11 +43,10 @@ jl_main() {
   [[ -n ${SLURM_JOB_ID:-} ]] ||
     jl_die "not inside a SLURM job: submit with sbatch (on one machine: python run_qa.py CONFIG, or torchrun --standalone --nproc_per_node N run_qa.py CONFIG)"
   jl_shape "$shape"
-  jl_check_global_batch "$JL_WORLD"
+  jl_global_batch "$JL_WORLD"
   STRATEGY=${STRATEGY:-ddp}
   [[ $STRATEGY == ddp || $STRATEGY == fsdp ]] || jl_die "STRATEGY=$STRATEGY: use ddp or fsdp"
-  jl_read_settings
-  jl_global_batch "$JL_WORLD"
+  jl_output
   jl_strategy
   jl_launch
 }
@@ -111,66 +111,30 @@ jl_shape() {
   fi
 }
 
-# OUTPUT, PER_DEVICE_BATCH, GRAD_ACCUM, LEARNING_RATE and JL_GIVEN as run_qa.py will resolve them:
-# its own parser and TrainingArguments' defaults. Without the distributed variables, building
-# TrainingArguments sets up no process group.
-jl_read_settings() {
-  local values line
-  values=$(env -u WORLD_SIZE -u RANK -u LOCAL_RANK -u LOCAL_WORLD_SIZE PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" \
-    python -m qa.config "$CONFIG" "${RUN_QA_ARGS[@]}") || exit 1  # it printed the one-line error
-  OUTPUT="" PER_DEVICE_BATCH="" GRAD_ACCUM="" LEARNING_RATE="" JL_GIVEN=""
-  while IFS= read -r line; do
-    case $line in
-      output_dir=*) OUTPUT=${line#*=} ;;
-      per_device_train_batch_size=*) PER_DEVICE_BATCH=${line#*=} ;;
-      gradient_accumulation_steps=*) GRAD_ACCUM=${line#*=} ;;
-      learning_rate=*) LEARNING_RATE=${line#*=} ;;
-      given=*) JL_GIVEN=${line#*=} ;;
-    esac
-  done <<<"$values"
-  [[ -n $OUTPUT && -n $PER_DEVICE_BATCH && -n $GRAD_ACCUM ]] ||
-    jl_die "python -m qa.config printed no settings (got: ${values//$'\n'/; }): check $REPO_DIR/qa/config.py"
+# OUTPUT: the folder run_qa.py writes into, as it resolves it (qa/cmdline.py, which it uses too):
+# the last --output_dir of the config and the arguments, else its default.
+jl_output() {
+  OUTPUT=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" python -m qa.cmdline output_dir "$CONFIG" "${RUN_QA_ARGS[@]}") ||
+    exit 1  # it printed the one-line error (a config that is not valid JSON)
 }
-jl_config_has() { [[ " $JL_GIVEN " == *" $1 "* ]]; }  # given in the config or the arguments
 
-# Before any Python: GLOBAL_BATCH must be a positive multiple of the world size.
-jl_check_global_batch() {
+# Before any Python: GLOBAL_BATCH must be a positive multiple of the world size. run_qa.py gets it
+# as --global_batch (last, so it wins) and splits it into per-device batch x gradient accumulation.
+jl_global_batch() {
   [[ -z ${GLOBAL_BATCH:-} ]] && return 0
   [[ $GLOBAL_BATCH =~ ^[1-9][0-9]*$ ]] || jl_die "GLOBAL_BATCH=$GLOBAL_BATCH is not a positive integer"
   ((GLOBAL_BATCH % $1 == 0)) ||
     jl_die "GLOBAL_BATCH=$GLOBAL_BATCH does not divide over $1 processes: pick a multiple of $1"
+  RUN_QA_ARGS+=(--global_batch "$GLOBAL_BATCH")
 }
 
-# jl_global_batch WORLD: the global batch (logged by jl_log_environment); with GLOBAL_BATCH=n keep
-# it at n by choosing the per-device batch (at most the configured one, the memory limit) and
-# gradient accumulation.
-jl_global_batch() {
-  local world=$1 per_rank ga b
-  jl_check_global_batch "$world"
-  if [[ -n ${GLOBAL_BATCH:-} ]]; then
-    per_rank=$((GLOBAL_BATCH / world))
-    for ((ga = 1; ga <= per_rank; ga++)); do  # fewest accumulation steps with batch <= configured
-      b=$((per_rank / ga))
-      if ((per_rank % ga == 0 && b <= PER_DEVICE_BATCH)); then break; fi
-    done
-    jl_note "GLOBAL_BATCH=$GLOBAL_BATCH over $world processes: per-device batch $b (configured $PER_DEVICE_BATCH) x gradient accumulation $ga"
-    PER_DEVICE_BATCH=$b GRAD_ACCUM=$ga
-    RUN_QA_ARGS+=(--per_device_train_batch_size "$b" --gradient_accumulation_steps "$ga")
-  fi
-  jl_note "global batch $((PER_DEVICE_BATCH * world * GRAD_ACCUM)) = per-device $PER_DEVICE_BATCH x world size $world x gradient accumulation $GRAD_ACCUM; learning rate $LEARNING_RATE (not scaled with the batch)"
-}
-
+# ddp needs no argument: run_qa.py's defaults skip DDP's search for unused parameters.
 jl_strategy() {
-  case $STRATEGY in
-    ddp)
-      jl_config_has ddp_find_unused_parameters ||  # BERT QA uses every parameter: skip DDP's search
-        RUN_QA_ARGS=(--ddp_find_unused_parameters false "${RUN_QA_ARGS[@]}") ;;
-    fsdp)
-      FSDP_CONFIG=${FSDP_CONFIG:-'{"version": 2, "reshard_after_forward": true, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap": ["BertLayer"], "state_dict_type": "FULL_STATE_DICT"}'}
-      RUN_QA_ARGS+=(--fsdp --fsdp_config "$FSDP_CONFIG")
-      command -v nvidia-smi >/dev/null 2>&1 ||  # accelerate 1.15: FSDP on GPUs only, MULTI_CPU otherwise
-        jl_note "warning: no GPU here: accelerate does not shard on CPUs, this runs as plain DDP" ;;
-  esac
+  [[ $STRATEGY == fsdp ]] || return 0
+  FSDP_CONFIG=${FSDP_CONFIG:-'{"version": 2, "reshard_after_forward": true, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap": ["BertLayer"], "state_dict_type": "FULL_STATE_DICT"}'}
+  RUN_QA_ARGS+=(--fsdp --fsdp_config "$FSDP_CONFIG")
+  command -v nvidia-smi >/dev/null 2>&1 ||  # accelerate 1.15: FSDP on GPUs only, MULTI_CPU otherwise
+    jl_note "warning: no GPU here: accelerate does not shard on CPUs, this runs as plain DDP"
 }
 
 jl_launch() {

@@ -159,6 +159,13 @@ class RunArguments:
         metadata={"help": "With --fsdp: the dtype FSDP reduces gradients in: 'bf16' (half the bytes of fp32), "
                   "'fp32' (exact), 'auto' (accelerate's choice: the mixed-precision dtype with --bf16).",
                   "choices": ["auto", "fp32", "bf16"]})
+    global_batch: Optional[int] = field(
+        default=None,
+        metadata={"help": "Features per optimizer step over all processes (per-device batch x world size x gradient "
+                  "accumulation), kept whatever the number of processes: at start the run sets the per-device batch "
+                  "to at most --per_device_train_batch_size (the memory limit) with the fewest accumulation steps "
+                  "that make up the rest; it must divide by the world size. The learning rate is not changed. The "
+                  "job scripts pass GLOBAL_BATCH as this."})
     checkpoint_on_sigterm: bool = field(
         default=True,
         metadata={"help": "On SIGTERM (SLURM time limit or preemption; job_ft3.sh/job_ddp.sh forward it on "

@@ -1,49 +1,20 @@
 """Parsing the run's arguments: flags, or a JSON config file optionally followed by flags
-that override it (`run_qa.py configs/reference.json --output_dir runs/x`)."""
+that override it (`run_qa.py configs/reference.json --output_dir runs/x`; qa.cmdline reads them),
+and the run's own defaults (finalize), the global batch among them."""
 import dataclasses
-import json
 import logging
 import os
-import sys
 
 from transformers import HfArgumentParser, TrainingArguments
 
 from .args import DataArguments, ModelArguments, RunArguments
+from .cmdline import DEFAULT_OUTPUT_DIR, expand
 from .console import configure_output
-from .errors import InputError, command
-from .io import read_json
+from .errors import InputError
 from .settings import check_settings
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
 logger = logging.getLogger(__name__)
-
-
-def to_flags(config: dict) -> list:
-    """A config dict as command-line flags (None = the default, so left out)."""
-    flags = []
-    for key, value in config.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            flags += [f"--{key}", str(value).lower()]
-        elif isinstance(value, list):
-            flags += [f"--{key}", *map(str, value)]
-        elif isinstance(value, dict):
-            flags += [f"--{key}", json.dumps(value)]
-        else:
-            flags += [f"--{key}", str(value)]
-    return flags
-
-
-def _read_config(path: str) -> dict:
-    if not os.path.exists(path):  # not read_json's message: the fix points at the shipped configs
-        raise InputError(path, "config file not found", "check the path (configs/ lists the shipped ones)")
-    config = read_json(path, "config file")
-    if not isinstance(config, dict):
-        raise InputError(path, "a config must be a JSON object of argument names to values",
-                         "write it as {\"model_name_or_path\": ..., ...}")
-    config.pop("_comment", None)
-    return config
 
 
 class _Parser(HfArgumentParser):
@@ -60,15 +31,11 @@ class _Parser(HfArgumentParser):
 def parse_args(argv):
     """-> (model_args, data_args, run_args, training_args, explicit) where `explicit` is the
     set of argument names the user gave (flags or config keys). Every numeric and path value
-    is checked against qa.settings before the dataclasses are built."""
-    argv = [str(a) for a in argv]
-    source = "command line"
-    config = {}
-    if argv and argv[0].endswith(".json"):
-        source = argv[0]
-        config = _read_config(argv[0])
-        argv = to_flags(config) + argv[1:]
-    explicit = set(config) | {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    is checked against qa.settings before the dataclasses are built. Without an output_dir the
+    run writes to qa.cmdline.DEFAULT_OUTPUT_DIR, where the job scripts expect it."""
+    source, argv, explicit = expand(argv)
+    if "output_dir" not in explicit:
+        argv = ["--output_dir", DEFAULT_OUTPUT_DIR] + argv
     if _gpu_less_distributed_launch():
         # Without a GPU the Trainer forms the process group only with use_cpu: otherwise each
         # process would train alone on all the data under one world size and all of them would
@@ -76,7 +43,7 @@ def parse_args(argv):
         logger.warning("%s processes started (WORLD_SIZE) and no GPU is visible here: training as one gloo "
                        "group on the CPU (--use_cpu true)", os.environ["WORLD_SIZE"])
         argv = argv + ["--use_cpu", "true"]
-    parser = _Parser(DATACLASSES)
+    parser = _Parser(DATACLASSES, allow_abbrev=False)  # one spelling per flag, as qa.cmdline reads them
     parser.source = source
     namespace, unknown = parser.parse_known_args(args=argv)  # --help: prints it, SystemExit(0)
     if unknown:
@@ -109,37 +76,40 @@ def _gpu_less_distributed_launch() -> bool:
     return not torch.cuda.is_available()
 
 
-def finalize(training_args, explicit: set) -> None:
-    """Defaults that differ from transformers 5's: TensorBoard on unless asked otherwise, and
-    its event files inside the run's output folder; progress bars only on a terminal, no
-    memory pinning without an accelerator (qa.console)."""
+def finalize(training_args, run_args, explicit: set) -> None:
+    """The run's own defaults, where they differ from transformers 5's: TensorBoard on unless
+    asked otherwise, its event files inside the run's output folder; progress bars only on a
+    terminal, no memory pinning without an accelerator (qa.console); DDP without its search for
+    unused parameters (BERT-QA uses every one; FSDP does not read it); --global_batch split over
+    the world size. Needs the process group (the world size): call it once devices are set up."""
     if "report_to" not in explicit:
         training_args.report_to = ["tensorboard"]
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(training_args.output_dir, "runs"))
     configure_output(training_args, explicit)
+    if "ddp_find_unused_parameters" not in explicit and not training_args.fsdp:
+        training_args.ddp_find_unused_parameters = False
+    world = training_args.world_size
+    if run_args.global_batch is not None:
+        configured = training_args.per_device_train_batch_size
+        batch, accumulation = split_global_batch(run_args.global_batch, world, configured)
+        logger.info("global_batch %d over %d processes: per-device batch %d (configured %d) x gradient accumulation "
+                    "%d", run_args.global_batch, world, batch, configured, accumulation)
+        training_args.per_device_train_batch_size = batch
+        training_args.gradient_accumulation_steps = accumulation
+    batch, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+    logger.info("global batch %d = per-device %d x world size %d x gradient accumulation %d; learning rate %s (not "
+                "scaled with the batch)", batch * world * accumulation, batch, world, accumulation,
+                training_args.learning_rate)
 
 
-# What a SLURM job needs before it starts run_qa.py: where the run writes (job_time.jsonl goes
-# there), and the batch size, accumulation and learning rate it logs and GLOBAL_BATCH works from.
-JOB_SETTINGS = ("output_dir", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate")
-
-
-def job_settings(argv) -> dict:
-    """JOB_SETTINGS as run_qa.py will resolve `argv` (a config, then flags; TrainingArguments'
-    own defaults for what neither gives), plus `given`: the argument names the user gave."""
-    *_, training_args, explicit = parse_args(argv)
-    return {**{name: getattr(training_args, name) for name in JOB_SETTINGS}, "given": sorted(explicit)}
-
-
-@command
-def main(argv=None) -> int:
-    """`python -m qa.config CONFIG [ARGS...]`: job_settings() as `name=value` lines, for the job
-    scripts (jobs/launch.sh); `given` is a space-separated list."""
-    settings = job_settings(sys.argv[1:] if argv is None else argv)
-    for name, value in settings.items():
-        print(f"{name}={' '.join(value) if isinstance(value, list) else value}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def split_global_batch(global_batch: int, world: int, per_device_max: int) -> tuple:
+    """-> (per-device batch, gradient accumulation) whose product with `world` is `global_batch`:
+    the fewest accumulation steps whose per-device batch is at most `per_device_max` (the
+    memory limit). InputError when `global_batch` does not divide over `world` processes."""
+    if global_batch % world:
+        near = [n for n in (global_batch // world * world, (global_batch // world + 1) * world) if n > 0]
+        raise InputError(f"global_batch={global_batch}", f"does not divide over the {world} processes of this run",
+                         f"pick a multiple of {world} (e.g. {' or '.join(map(str, near))})")
+    per_rank = global_batch // world
+    accumulation = next(a for a in range(1, per_rank + 1) if per_rank % a == 0 and per_rank // a <= per_device_max)
+    return per_rank // accumulation, accumulation

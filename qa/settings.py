@@ -269,6 +269,8 @@ SETTINGS = {
     "telemetry_window_min_s": Number("the timed window's least duration, seconds; needs --telemetry_window",
                                      "give a positive number of seconds, e.g. 20, or leave it out", low=0,
                                      low_open=True, optional=True, needs="telemetry_window"),
+    "global_batch": _count("features per optimizer step over all processes; it must also divide by the world size",
+                           "give a positive whole number, e.g. 48, or leave it out", optional=True),
     "preemption_check_steps": _count("optimizer steps between the ranks' agreement on a SIGTERM",
                                      "use 1 or more, e.g. 10"),
     "profile_wait": _count("steps skipped before each profiling cycle", "use 0 or more, e.g. 1", low=0),

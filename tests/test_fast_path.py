@@ -205,12 +205,20 @@ def test_grouped_batches_read_the_length_column_and_hold_little_padding(tmp_path
 
 def test_evaluation_keeps_feature_order_with_group_by_length(tmp_path, features):
     """Post-processing pairs logits and features by position: transformers 5.23 would shuffle
-    the evaluation set by length too when train_sampling_strategy is group_by_length."""
+    the evaluation set by length too when train_sampling_strategy is group_by_length. Both public
+    loaders keep the order, and training's strategy is left as it was."""
     eval_features = features.remove_columns(["start_positions", "end_positions"])
     trainer = _trainer(tmp_path, features, eval_features, train_sampling_strategy="group_by_length")
-    loader = trainer.get_eval_dataloader()
-    rows = [ids for batch in loader for ids in batch["input_ids"].tolist()]
-    assert [r[:len(f)] for r, f in zip(rows, eval_features["input_ids"][:])] == eval_features["input_ids"][:]
+    expected = eval_features["input_ids"][:]
+    for loader in (trainer.get_eval_dataloader(), trainer.get_test_dataloader(eval_features)):
+        rows = [ids for batch in loader for ids in batch["input_ids"].tolist()]
+        assert [r[:len(f)] for r, f in zip(rows, expected)] == expected
+    assert trainer.args.train_sampling_strategy == "group_by_length"
+    # what the loaders above prevent: the Trainer's own evaluation sampler under group_by_length
+    from transformers import Trainer
+
+    shuffled = [ids for batch in Trainer.get_eval_dataloader(trainer) for ids in batch["input_ids"].tolist()]
+    assert [r[:len(f)] for r, f in zip(shuffled, expected)] != expected
 
 
 # ---------------------------------------------------------------------------------------------

@@ -352,9 +352,9 @@ def test_one_error_type_for_every_command(capsys):
     import importlib.util
 
     import run_qa
-    from qa import config, metric
+    from qa import cmdline, metric
 
-    mains = [run_qa.main, metric.main, config.main]
+    mains = [run_qa.main, metric.main, cmdline.main]
     for tool in ("prefetch", "scaling_report", "scaling_predict", "plot_tb"):
         spec = importlib.util.spec_from_file_location(tool, REPO / "tools" / f"{tool}.py")
         module = importlib.util.module_from_spec(spec)

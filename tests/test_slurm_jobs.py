@@ -17,8 +17,8 @@ jobs/launch.sh (srun -> torchrun -> run_qa.py); job_ft3.sh is its 1 node x 1 pro
   cannot show: accelerate 1.15 shards only on GPUs (with use_cpu it runs FSDP requests as plain
   DDP, MULTI_CPU), so sharding, sharded checkpoints and NCCL are for a GPU cluster to check.
 
-The fail-fast checks (missing environment file or config, GLOBAL_BATCH arithmetic, #SBATCH header)
-need no SLURM, and no job script or launcher repeats a block of 6 lines of another. Each training job takes ~20-50 s on 2 cores; the SLURM tests are skipped, with the
+The fail-fast checks (missing environment file or config, GLOBAL_BATCH, #SBATCH header), the
+output folder read without transformers and the run's own global batch arithmetic need no SLURM, and no job script or launcher repeats a block of 6 lines of another. Each training job takes ~20-50 s on 2 cores; the SLURM tests are skipped, with the
 reason, where SLURM cannot be installed (not root, no apt).
 """
 import json
@@ -256,44 +256,66 @@ def test_no_block_repeated_between_job_scripts():
             assert not _blocks(a) & _blocks(b), f"{a.name} and {b.name} share a block of 6 lines"
 
 
-def test_settings_from_run_qa_parser(tmp_path, capsys):
-    """The launcher learns the output folder, batch, accumulation and learning rate from run_qa.py's
-    parser (`python -m qa.config`): the config, then flags, the last one winning, then
-    TrainingArguments' own defaults; `given` says which arguments the user gave."""
-    from transformers import TrainingArguments
+@pytest.mark.parametrize("argv, expect", [
+    (["c.json"], "runs/from config"),                                    # the config's
+    (["c.json", "--output_dir", "runs/a b"], "runs/a b"),               # a flag wins
+    (["c.json", "--output_dir", "x", "--output_dir=runs/y"], "runs/y"),  # the last one wins, `=` form too
+    (["--output_dir", "~/runs/z"], "~/runs/z"),                          # no config; `~` expanded
+    ([], "trainer_output"),                                              # neither: the run's default
+])
+def test_output_dir_read_without_transformers_is_the_runs(tmp_path, monkeypatch, argv, expect):
+    """The launcher learns where the run writes (job_time.jsonl goes there) from qa.cmdline, which
+    reads the config and the flags with the standard library only; run_qa.py's parser ends with
+    the same folder, whatever the config, the flags and their order say."""
+    from qa.cmdline import expand, output_dir
+    from qa.config import parse_args
 
-    from qa.config import job_settings, main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.json").write_text(json.dumps({"_comment": "x", "model_name_or_path": "bundled:tiny-bert",
+                                                 "output_dir": "runs/from config"}))
+    argv = argv or ["--model_name_or_path", "bundled:tiny-bert"]
+    expected = os.path.expanduser(expect)
+    assert output_dir(expand(argv)[1]) == expected
+    assert parse_args(argv)[3].output_dir == expected
+
+
+def test_output_dir_command_imports_no_library(tmp_path):
+    """`python -m qa.cmdline output_dir CONFIG [ARGS]`, as the launcher runs it before srun: the folder
+    on stdout, and none of transformers, torch, datasets imported (each costs seconds per job)."""
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"output_dir": "runs/c", "learning_rate": 1e-3}))
+    probe = ("import runpy, sys; sys.argv = ['qa.cmdline'] + sys.argv[1:]\n"
+             "try:\n    runpy.run_module('qa.cmdline', run_name='__main__')\nexcept SystemExit as e:\n"
+             "    print(sorted(m for m in ('transformers', 'torch', 'datasets') if m in sys.modules), e.code)")
+    r = subprocess.run([sys.executable, "-c", probe, "output_dir", str(config), "--seed", "3", "--output_dir",
+                        "runs/a b"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env=_clean_env(PYTHONPATH=str(REPO)))
+    assert r.returncode == 0 and r.stdout.splitlines() == ["runs/a b", "[] 0"], r
+    r = subprocess.run([sys.executable, "-m", "qa.cmdline", "output_dir", str(config)], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path, env=_clean_env(PYTHONPATH=str(REPO)))
+    assert r.returncode == 0 and r.stdout == "runs/c\n", r
+
+
+def test_output_dir_of_a_bad_config_is_one_line(tmp_path, capsys):
+    """A config that is not JSON stops the job before srun: one line naming the file and the fix,
+    status 2, nothing on stdout for the launcher to read."""
+    from qa.cmdline import main
 
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"_comment": "x", "model_name_or_path": "bundled:tiny-bert",
-                                  "per_device_train_batch_size": 6, "learning_rate": 1e-3}))
-    got = job_settings([str(config), "--learning_rate", "2e-4", "--learning_rate=3e-4"])
-    library = TrainingArguments()
-    assert got == {"output_dir": library.output_dir, "per_device_train_batch_size": 6,
-                   "gradient_accumulation_steps": library.gradient_accumulation_steps, "learning_rate": 3e-4,
-                   "given": ["learning_rate", "model_name_or_path", "per_device_train_batch_size"]}
-    # the command line the launcher runs: another folder, the repository on PYTHONPATH
-    cmd = [sys.executable, "-m", "qa.config", str(config), "--output_dir", "runs/a b", "--gradient_accumulation_steps", "2"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       env=_clean_env(PYTHONPATH=str(REPO)))
-    assert r.returncode == 0, r.stderr
-    lines = dict(line.split("=", 1) for line in r.stdout.splitlines())
-    assert lines == {"output_dir": "runs/a b", "per_device_train_batch_size": "6", "gradient_accumulation_steps": "2",
-                     "learning_rate": "0.001", "given": "gradient_accumulation_steps learning_rate model_name_or_path "
-                                                        "output_dir per_device_train_batch_size"}
-    # bad input: one line naming the file and the fix, status 2, nothing on stdout for the job to read
     config.write_text('{"learning_rate": 1e-3,}')
-    assert main([str(config)]) == 2
+    assert main(["output_dir", str(config)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [f"error: {config}:1:24: malformed JSON (Expecting property name "
                                               "enclosed in double quotes). Fix: fix the JSON syntax at that line"]
 
 
-def _global_batch(global_batch, world, per_device):
-    script = (f'source {LAUNCHER}; JL_NAME=t; PER_DEVICE_BATCH={per_device}; '
-              'GRAD_ACCUM=1; LEARNING_RATE=3e-5; RUN_QA_ARGS=(--seed 1); '
-              f'GLOBAL_BATCH={global_batch} jl_global_batch {world}; printf "%s\\n" "${{RUN_QA_ARGS[@]}}" "${{JL_NOTES[@]}}"')
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+def test_abbreviated_flags_are_refused():
+    """argparse would take --output for --output_dir, which the reader above would not see."""
+    from qa.config import parse_args
+    from qa.errors import InputError
+
+    with pytest.raises(InputError, match=r"unknown arguments \['--output', 'x'\]"):
+        parse_args(["--model_name_or_path", "bundled:tiny-bert", "--output", "x"])
 
 
 @pytest.mark.parametrize("global_batch, world, per_device, expect", [
@@ -302,20 +324,67 @@ def _global_batch(global_batch, world, per_device):
     (48, 8, 12, (6, 1)),    # fewer than configured: smaller batch, no accumulation
     (50, 2, 12, (5, 5)),    # 25 per rank: 5 x 5 (25 = 12 x ? has no solution)
     (96, 1, 12, (12, 8)),
+    (7, 1, 4, (1, 7)),      # a prime above the configured batch: batch 1
 ])
 def test_global_batch_is_kept(global_batch, world, per_device, expect):
-    r = _global_batch(global_batch, world, per_device)
-    assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    b, ga = expect
-    assert lines[:6] == ["--seed", "1", "--per_device_train_batch_size", str(b), "--gradient_accumulation_steps", str(ga)]
-    assert b * ga * world == global_batch
-    assert f"global batch {global_batch} = per-device {b} x world size {world} x gradient accumulation {ga}" in lines[-1]
+    from qa.config import split_global_batch
+
+    assert split_global_batch(global_batch, world, per_device) == expect
 
 
 def test_global_batch_must_divide():
-    r = _global_batch(5, 2, 12)
-    assert r.returncode == 1 and "GLOBAL_BATCH=5 does not divide over 2 processes" in r.stderr, r
+    from qa.config import split_global_batch
+    from qa.errors import InputError
+
+    with pytest.raises(InputError) as info:
+        split_global_batch(5, 2, 12)
+    assert str(info.value) == ("global_batch=5: does not divide over the 2 processes of this run. Fix: pick a "
+                               "multiple of 2 (e.g. 4 or 6)")
+
+
+def test_run_resolves_global_batch_and_its_defaults(caplog, tmp_path, monkeypatch):
+    """What the launcher did in the shell is the run's own: --global_batch split at start (logged on
+    the main process with the learning rate), and DDP's search for unused parameters off unless given."""
+    from qa.config import finalize, parse_args
+
+    # finalize points TensorBoard at the output folder through the environment, which the jobs
+    # submitted later in this process would inherit
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    base = ["--model_name_or_path", "bundled:tiny-bert", "--use_cpu", "true", "--report_to", "none",
+            "--per_device_train_batch_size", "12", "--learning_rate", "3e-5", "--output_dir", str(tmp_path / "out")]
+    _, _, run_args, training_args, explicit = parse_args(base + ["--global_batch", "96"])
+    with caplog.at_level("INFO", logger="qa.config"):
+        finalize(training_args, run_args, explicit)
+    assert (training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps) == (12, 8)
+    assert training_args.ddp_find_unused_parameters is False
+    assert caplog.messages[-2:] == [
+        "global_batch 96 over 1 processes: per-device batch 12 (configured 12) x gradient accumulation 8",
+        "global batch 96 = per-device 12 x world size 1 x gradient accumulation 8; learning rate 3e-05 (not scaled "
+        "with the batch)"]
+    _, _, run_args, training_args, explicit = parse_args(base + ["--ddp_find_unused_parameters", "true",
+                                                                 "--gradient_accumulation_steps", "2"])
+    finalize(training_args, run_args, explicit)
+    assert training_args.ddp_find_unused_parameters is True  # given: kept
+    assert (training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps) == (12, 2)
+
+
+def _launcher(script, **variables):
+    exports = "".join(f"{k}={v} " for k, v in variables.items())
+    return subprocess.run(["bash", "-c", f"source {LAUNCHER}; JL_NAME=t; RUN_QA_ARGS=(--seed 1); {exports}{script}"],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_launcher_passes_global_batch_after_checking_it():
+    """Before any Python: a positive integer, a multiple of the world size; then the run gets it."""
+    r = _launcher('jl_global_batch 2; printf "%s\\n" "${RUN_QA_ARGS[@]}"', GLOBAL_BATCH=48)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["--seed", "1", "--global_batch", "48"], r
+    r = _launcher('jl_global_batch 2; printf "%s\\n" "${RUN_QA_ARGS[@]}"')
+    assert r.returncode == 0 and r.stdout.splitlines() == ["--seed", "1"], r
+    for value, message in (("5", "GLOBAL_BATCH=5 does not divide over 2 processes: pick a multiple of 2"),
+                           ("0", "GLOBAL_BATCH=0 is not a positive integer"),
+                           ("4x", "GLOBAL_BATCH=4x is not a positive integer")):
+        r = _launcher("jl_global_batch 2", GLOBAL_BATCH=value)
+        assert r.returncode == 1 and r.stderr == f"t: error: {message}\n", r
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,7 +467,8 @@ def test_ft3_completes_with_results(ft3_run):
     assert sorted(p.name for p in job.cwd.iterdir()) == [f"ft3-test-{job.id}.err", f"ft3-test-{job.id}.out"]
     out = job.log()
     assert f"job {job.id} (ft3-test), restart 0" in out and "no nvidia-smi on this node" in out
-    assert "global batch 4 = per-device 4 x world size 1 x gradient accumulation 1; learning rate 0.001" in out
+    # logged by the run (its main process), no longer by the launcher
+    assert "global batch 4 = per-device 4 x world size 1 x gradient accumulation 1; learning rate 0.001" in job.logs()
     assert "strategy ddp: 1 node(s) x 1 process(es) = world size 1; rendezvous 127.0.0.1:" in out
     assert re.search(r"running: srun --kill-on-bad-exit=1 --nodes=1 .* torchrun --nnodes=1 --nproc_per_node=1 "
                      r"--rdzv_backend=c10d .*/run_qa\.py \S*/configs/smoke_tiny\.json --output_dir ", out), out
@@ -420,7 +490,7 @@ def test_ddp_one_node_two_processes(ddp12_run, ft3_run):
     assert "--nproc_per_node=2" in log and "--rdzv_backend=c10d" in log and "--kill-on-bad-exit=1" in log
     res = results(job.out)
     assert global_step(job.out) == math.ceil(math.ceil(res["train_features"] / 2) / 4)
-    assert env["config"]["ddp_find_unused_parameters"] is False  # the config's (the launcher adds it otherwise)
+    assert env["config"]["ddp_find_unused_parameters"] is False  # the config's (the run's default otherwise)
     assert run_files(job.out) == run_files(ft3_run.out)
     assert res["comm_nodes"] == 1 and res["comm_allreduce_ranks"] == 2 and res["comm_exposed_s"] >= 0
     assert not [k for k in results(ft3_run.out) if k.startswith("comm_")]  # one process: nothing to measure
@@ -529,7 +599,8 @@ def test_fsdp_and_global_batch(slurm_cluster, env_file, tmp_path):
     assert (cfg["per_device_train_batch_size"], cfg["gradient_accumulation_steps"]) == (4, 2)
     assert env["distributed"]["WORLD_SIZE"] == "2"
     log = job.logs()
-    assert "GLOBAL_BATCH=16 over 2 processes: per-device batch 4 (configured 4) x gradient accumulation 2" in log
+    assert cfg["global_batch"] == 16
+    assert "global_batch 16 over 2 processes: per-device batch 4 (configured 4) x gradient accumulation 2" in log
     assert "global batch 16 = per-device 4 x world size 2 x gradient accumulation 2" in log
     assert "no GPU here: accelerate does not shard on CPUs" in log
     assert rank_lines(log, 2) == [0, 1], job.tail()

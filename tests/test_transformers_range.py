@@ -26,8 +26,8 @@ def test_installed_release_keeps_every_contract():
 
 
 class _RenamedParameter(Trainer):
-    def _get_eval_sampler(self, dataset, shuffle=False):  # a release that renamed the parameter
-        return None
+    def get_test_dataloader(self, dataset):  # a release that renamed the parameter
+        return super().get_test_dataloader(dataset)
 
 
 class _NoLongerCalled(Trainer):
@@ -41,8 +41,8 @@ class _LogWithoutStartTime(Trainer):
 
 
 @pytest.mark.parametrize("cls, names", [
-    (_RenamedParameter, "Trainer._get_eval_sampler(eval_dataset), called by get_eval_dataloader and "
-                        "get_test_dataloader"),
+    (_RenamedParameter, "Trainer.get_eval_dataloader(eval_dataset) and get_test_dataloader(test_dataset), "
+                        "choosing the sampler when called"),
     (_NoLongerCalled, "Trainer._get_train_sampler(train_dataset), called by get_train_dataloader"),
     (_LogWithoutStartTime, "Trainer.log(logs, start_time)"),
 ])
