@@ -14,6 +14,7 @@ import time
 
 WALL_START = time.perf_counter()  # the wall clock covers imports too: they are part of a job's cost
 
+import contextlib  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import asdict  # noqa: E402
@@ -29,6 +30,7 @@ from qa.config import finalize, parse_args  # noqa: E402
 from qa.data import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
 from qa.features import prepare_train_features, prepare_validation_features  # noqa: E402
+from qa.io import atomic_write_json  # noqa: E402
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
 from qa.postprocess import PostProcessing  # noqa: E402
 from qa.preemption import EXIT_INTERRUPTED  # noqa: E402
@@ -36,6 +38,7 @@ from qa.ranks import on_main_rank  # noqa: E402
 from qa.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
 from qa.runlock import RunLock  # noqa: E402
 from qa.telemetry import token_stats, train_throughput  # noqa: E402
+from qa.time_to_accuracy import first_questions  # noqa: E402
 from trainer_qa import QuestionAnsweringTrainer, check_trainer_contracts  # noqa: E402
 
 logger = logging.getLogger("run_qa")
@@ -73,6 +76,9 @@ def run(argv):
                               ("test", training_args.do_predict)) if on]
     if not splits:
         raise InputError("arguments", "nothing to do", "pass --do_train, --do_eval and/or --do_predict")
+    if run_args.eval_every is not None and not (training_args.do_train and training_args.do_eval):
+        raise InputError(f"eval_every={run_args.eval_every:g}", "evaluates during training, on the validation "
+                         "split", "pass --do_train and --do_eval with it, or leave --eval_every out")
 
     # One run per output folder: rank 0 takes its lock before anything is written there, and every
     # rank learns whether it got it. A folder the lock created is removed again if the run stops
@@ -127,7 +133,8 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
         write_environment(out, env)
 
     if training_args.do_train:
-        result = trainer.train(resume_from_checkpoint=checkpoint)
+        with evaluated_during_training(trainer, run_args, examples, features):
+            result = trainer.train(resume_from_checkpoint=checkpoint)
         stopped_at = callbacks.stopped_at()
         if stopped_at is not None:
             # Stopped on SIGTERM with checkpoint-N saved: unfinished, so no results are written;
@@ -143,6 +150,8 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
         if main:
             save_split_metrics(out, "train", metrics)
             trainer.save_state()
+            if callbacks.time_to_accuracy is not None:
+                atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks.time_to_accuracy.record())
             if callbacks.communication.record:  # measured at the start of training
                 env["communication"] = callbacks.communication.record
                 write_environment(out, env)
@@ -160,6 +169,22 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
         results = finish_run(out, time.perf_counter() - WALL_START, env)
         logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
     return 0
+
+
+@contextlib.contextmanager
+def evaluated_during_training(trainer, run_args, examples, features):
+    """With --eval_every, the evaluations during training take the first --eval_every_questions
+    validation questions (all when not given); the final evaluation takes them all again."""
+    if run_args.eval_every is None:
+        yield
+        return
+    full = trainer.eval_examples, trainer.eval_dataset
+    trainer.eval_examples, trainer.eval_dataset = first_questions(examples["validation"], features["validation"],
+                                                                  run_args.eval_every_questions)
+    try:
+        yield
+    finally:
+        trainer.eval_examples, trainer.eval_dataset = full
 
 
 @command

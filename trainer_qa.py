@@ -27,6 +27,7 @@ from qa.errors import InputError
 from qa.io import give_new_file_modes
 from qa.metric import scores_from_examples
 from qa.postprocess import PostProcessing
+from qa.trial_steps import rng_kept
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +187,9 @@ class QuestionAnsweringTrainer(Trainer):
         # Why: SQuAD's metrics are per question, from the logits of all its features (post-processing).
         features = eval_dataset if eval_dataset is not None else self.eval_dataset
         examples = eval_examples if eval_examples is not None else self.eval_examples
-        _, metrics = self._predict_and_score(self.get_eval_dataloader(features), features, examples, ignore_keys,
-                                             metric_key_prefix, "Evaluation", files_prefix=None)
+        with rng_kept():  # an evaluation during training must leave its random streams (sampling, dropout) alone
+            _, metrics = self._predict_and_score(self.get_eval_dataloader(features), features, examples,
+                                                 ignore_keys, metric_key_prefix, "Evaluation", files_prefix=None)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics

@@ -123,6 +123,21 @@ class RunArguments:
         metadata={"help": "With --telemetry_window: keep the window open past STOP until it has lasted at least this "
                   "many seconds (read at step ends), then stop training: a window long enough to read reliably "
                   "whatever the device's speed (set --max_steps high enough for it); bench/run_bench.py uses it."})
+    eval_every: Optional[float] = field(
+        default=None,
+        metadata={"help": "Evaluate during training every this much (below 1: a fraction of an epoch, e.g. 0.25; "
+                  "from 1: optimizer steps) and at the last step, on a clock that stops while evaluating: each "
+                  "evaluation records the training seconds so far, step, features seen, F1 and EM "
+                  "(time_to_accuracy.json, eval_by_train_seconds/* in TensorBoard). Needs --do_eval."})
+    eval_every_questions: Optional[int] = field(
+        default=None,
+        metadata={"help": "With --eval_every: evaluate during training on the first N validation questions (every "
+                  "window of each) instead of all of them; the final evaluation still takes them all."})
+    target_f1: Optional[float] = field(
+        default=None,
+        metadata={"help": "With --eval_every: report train_seconds_to_target_f1, the training seconds until the "
+                  "first evaluation at or above this F1 (interpolated from the one before), or null with the best "
+                  "F1 reached."})
     compile_warmup: bool = field(
         default=False,
         metadata={"help": "With --torch_compile: before the first step, run forward + backward once for every batch "

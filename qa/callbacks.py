@@ -1,18 +1,20 @@
 """The callbacks a run adds to the Trainer, built and installed in one place (`RunCallbacks`).
 
 Each callback lives with its job (qa.telemetry, qa.profiling, qa.preemption, qa.trial_steps for
-the compile warm-up, qa.communication) and takes plain values; this module alone reads the run's
+the compile warm-up, qa.communication, qa.time_to_accuracy) and takes plain values; this module alone reads the run's
 settings (qa.args.RunArguments) to build them, installs them through the Trainer's public
 `add_callback`, hands the Trainer the values to add to its log entries (`log_values`, for
 QuestionAnsweringTrainer's `log_extras`) and gathers what they measured (`summary`).
 """
 import logging
+import os
 
 from .communication import CommunicationCallback
 from .console import log_lines_callback, replace_log_printer
 from .preemption import CheckpointOnSignalCallback
 from .profiling import ProfilerCallback
 from .telemetry import TelemetryCallback
+from .time_to_accuracy import TimeToAccuracyCallback
 from .trial_steps import CompileWarmupCallback
 
 logger = logging.getLogger(__name__)
@@ -23,7 +25,9 @@ class RunCallbacks:
 
     `install(trainer)` puts the console's log printer (qa.console) in place of the Trainer's and
     adds the others after the Trainer's own (flow control, reporting), in the order of
-    `callbacks`: the telemetry first, so the time the others spend inside its measured stretches
+    `callbacks`: the time-to-accuracy clock first (it starts before the warm-up and the
+    measurement: they are part of the time to train), then the telemetry, so the time the others
+    spend inside its measured stretches
     (the profiler in on_step_end; the compile warm-up and the communication measurement in
     on_train_begin, after the telemetry started its clock) falls between two of its marks and is
     set aside (each reports it as `overhead_s`); the warm-up before the measurement, whose passes
@@ -55,12 +59,18 @@ class RunCallbacks:
             self.telemetry = TelemetryCallback(peak_tflops=run_args.peak_tflops, timed_steps=run_args.timed_steps(),
                                                window_min_s=run_args.telemetry_window_min_s,
                                                overhead_sources=overhead)
+        self.time_to_accuracy = None
+        if run_args.eval_every is not None:
+            tensorboard = "tensorboard" in (training_args.report_to or [])
+            self.time_to_accuracy = TimeToAccuracyCallback(
+                run_args.eval_every, run_args.target_f1,
+                tensorboard_dir=os.environ.get("TENSORBOARD_LOGGING_DIR") if tensorboard else None)
         self.console = None  # the log printer, chosen in install() from the Trainer's arguments
 
     @property
     def callbacks(self) -> list:
-        return [c for c in (self.telemetry, self.profiler, self.preemption, self.warmup, self.communication)
-                if c is not None]
+        return [c for c in (self.time_to_accuracy, self.telemetry, self.profiler, self.preemption, self.warmup,
+                            self.communication) if c is not None]
 
     def install(self, trainer) -> None:
         for needs_trainer in (self.warmup, self.communication):  # they act on its model before training
@@ -80,10 +90,10 @@ class RunCallbacks:
         return self.preemption.stopped_at if self.preemption is not None else None
 
     def summary(self) -> dict:
-        """What the telemetry, the profiler, the compile warm-up and the communication measurement
-        recorded, for train_results.json."""
+        """What the telemetry, the profiler, the compile warm-up, the communication measurement and
+        the evaluations during training recorded, for train_results.json."""
         out = {}
-        for callback in (self.telemetry, self.profiler, self.warmup, self.communication):
+        for callback in (self.telemetry, self.profiler, self.warmup, self.communication, self.time_to_accuracy):
             if callback is not None:
                 out.update(callback.summary())
         return out

@@ -125,6 +125,8 @@ def results_markdown(results: dict, env: dict) -> str:
             ("eval F1", fmt("eval_f1")),
             ("eval loss", fmt("eval_loss", "", 4)),
         ]
+    if results.get("eval_during_training_count"):
+        rows += time_to_accuracy_rows(results, cfg, fmt)
     if cfg.get("do_predict"):
         answered = results.get("predict_predictions")
         rows += [
@@ -142,6 +144,23 @@ def results_markdown(results: dict, env: dict) -> str:
     lines += ["", "Every figure above is in `all_results.json`; the full configuration and versions are in "
               "`environment.json`.", ""]
     return "\n".join(lines)
+
+
+def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
+    """The evaluations during training (qa.time_to_accuracy) and the time to the target F1."""
+    subset = cfg.get("eval_every_questions")
+    rows = [("evaluations during training", f"{results['eval_during_training_count']}, every "
+             f"{results.get('eval_during_training_interval_steps')} steps, on "
+             f"{'the first ' + format(subset, ',') if subset else 'all'} validation questions"),
+            ("training time without evaluations", fmt("train_seconds_excluding_evaluation", " s", 1)),
+            ("best F1 during training", None if results.get("best_f1_during_training") is None else
+             f"{fmt('best_f1_during_training')} (step {results.get('best_f1_during_training_step')})")]
+    target = results.get("target_f1")
+    if target is not None:
+        reached = results.get("train_seconds_to_target_f1")
+        rows.append((f"training time to F1 {target:g}", "not reached" if reached is None else
+                     f"{fmt('train_seconds_to_target_f1', ' s', 1)} ({results.get('target_f1_method')})"))
+    return rows
 
 
 def _count_pair(results, first, second):

@@ -98,11 +98,12 @@ class StepsOrRatio:
     fix: str
     zero: bool = False      # 0 allowed (no warm-up)
     optional: bool = False
+    fraction_of: str = "the training steps"
 
     def check(self, name, value, values) -> None:
         if value is None and self.optional:
             return
-        kinds = ("0, " if self.zero else "") + "a fraction of the training steps between 0 and 1, or a whole " \
+        kinds = ("0, " if self.zero else "") + f"a fraction of {self.fraction_of} between 0 and 1, or a whole " \
                                                 "number of steps"
         if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not self.zero) \
                 or (value > 1 and value != int(value)):
@@ -217,8 +218,8 @@ class Buckets:
         return [0]
 
 
-def _count(means, fix, low=1, optional=False):
-    return Number(means, fix, low=low, whole=True, optional=optional)
+def _count(means, fix, low=1, optional=False, needs=None):
+    return Number(means, fix, low=low, whole=True, optional=optional, needs=needs)
 
 
 def _seed(means):
@@ -269,6 +270,13 @@ SETTINGS = {
     "telemetry_window_min_s": Number("the timed window's least duration, seconds; needs --telemetry_window",
                                      "give a positive number of seconds, e.g. 20, or leave it out", low=0,
                                      low_open=True, optional=True, needs="telemetry_window"),
+    "eval_every": StepsOrRatio("evaluations during training", "use e.g. 0.25 (four per epoch) or 200 (steps), or "
+                               "leave it out", optional=True, fraction_of="an epoch"),
+    "eval_every_questions": _count("validation questions of each evaluation during training; needs --eval_every",
+                                   "use e.g. 1000, or leave it out to evaluate on all of them", optional=True,
+                                   needs="eval_every"),
+    "target_f1": Number("the F1 whose time to reach is reported; needs --eval_every", "give an F1 from 0 to "
+                        "100, e.g. 88.5", low=0, high=100, low_open=True, optional=True, needs="eval_every"),
     "global_batch": _count("features per optimizer step over all processes; it must also divide by the world size",
                            "give a positive whole number, e.g. 48, or leave it out", optional=True),
     "preemption_check_steps": _count("optimizer steps between the ranks' agreement on a SIGTERM",

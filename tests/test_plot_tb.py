@@ -148,3 +148,24 @@ def test_small_changes_look_small():
     assert high - low == pytest.approx(0.2 * 3.0003) and low < 3.0001 and high > 3.0003
     assert y_limits([4.8, 3.2], "plain") is None  # a real change: matplotlib's own limits
     assert y_limits([-0.5, 2.0], "zero") is None  # negative values: not a quantity from zero
+
+
+def test_f1_against_training_time_with_the_target():
+    """The evaluations during training (qa/time_to_accuracy.py logs them with the training
+    seconds as the step) over training seconds, with the target F1 and where it was reached."""
+    scalars = {**SCALARS, "eval_by_train_seconds/f1": [(5, 40.0), (10, 70.0), (15, 89.0)],
+               "eval_by_train_seconds/exact_match": [(5, 30.0), (10, 60.0), (15, 80.0)]}
+    import matplotlib.pyplot as plt
+
+    for target, expected in (({"target_f1": 80.0, "train_seconds_to_target_f1": 12.4}, "reached at 12.4 s"),
+                             ({"target_f1": 95.0, "train_seconds_to_target_f1": None}, "not reached")):
+        figures = _plot_tb().figures(scalars, target)
+        (ax,) = _axes(figures["f1_vs_time.png"])
+        assert ax.get_xlabel() == "training seconds (evaluations excluded)"
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == ["F1", "exact match", f"target F1 {target['target_f1']:g}: {expected}"], legend
+        assert any(list(line.get_ydata()) == [target["target_f1"]] * 2 for line in ax.lines)  # the target line
+        for fig in figures.values():
+            plt.close(fig)
+    for figures in _figures(SCALARS):
+        assert "f1_vs_time.png" not in figures  # no evaluations during training, no plot

@@ -571,8 +571,8 @@ def test_tiny_study_on_local_slurm(request, tmp_path):
     # and first runs at once in an empty HF_HOME can race to build bundled:tiny-bert.
     r = subprocess.run(["bash", str(SUBMIT), "--shapes", "1x1 1x2", "--strategies", "ddp", "--repeats", "1",
                         "--config", "configs/smoke_tiny.json", "--env-file", str(env_file), "--study", str(study),
-                        "--global-batch", "8", "-c", "2", "--mem=3G", "--time=15", "-J", "scal-tiny",
-                        "--dependency=singleton"],
+                        "--global-batch", "8", "--target-f1", "2", "--eval-every", "0.5", "-c", "2", "--mem=3G",
+                        "--time=15", "-J", "scal-tiny", "--dependency=singleton"],
                        capture_output=True, text=True, timeout=60, cwd=REPO, env=slurm_cluster.env)
     assert r.returncode == 0, r.stderr
     runs = json.loads((study / "manifest.json").read_text())["runs"]
@@ -605,3 +605,44 @@ def test_tiny_study_on_local_slurm(request, tmp_path):
     section = (study / report.REPORT).read_text().split("## Measured and predicted", 1)[1].split("\n## ", 1)[0]
     assert "| ddp | 1×2 |" in section and "(measured)" in section
     assert (study / report.PLOT).read_bytes()[:4] == b"\x89PNG"
+    # time to the target F1 beside the throughput speedup: the target reached every run through the job
+    assert json.loads((study / "manifest.json").read_text())["target_f1"] == 2
+    for key in ((1, 1), (1, 2)):
+        assert rows[key]["target_f1"] == [2.0] and rows[key]["target_reached"] == 1, rows[key]
+        assert rows[key]["target_speedup"] > 0 and isinstance(rows[key]["target_disagrees"], bool)
+    assert rows[(1, 1)]["target_speedup"] == pytest.approx(1.0)
+    section = (study / report.REPORT).read_text().split("## Time to F1 2", 1)[1].split("\n## ", 1)[0]
+    assert "| ddp | 1×1 (baseline) | 1 | 1 / 1 |" in section and "| ddp | 1×2 | 2 | 1 / 1 |" in section
+    assert "speedup to target" in section
+
+
+def test_time_to_target_beside_throughput(tmp_path):
+    """Runs that evaluated during training (--eval_every, --target_f1): the training time leaves
+    the evaluations out, each cell gets its median time to the target over the repeats that
+    reached it, and a cell whose two speedups part by more than 10% is flagged."""
+    from qa import records
+
+    runs = {"ddp-1x1-r1": (1, 1000.0, 88.4), "ddp-1x1-r2": (2, 1000.0, 88.6),
+            "ddp-2x2-r1": (3, 300.0, 87.0), "ddp-2x2-r2": (4, 300.0, 87.2), "ddp-2x2-r3": (5, 300.0, 86.0)}
+    # name -> (training seconds without evaluations, seconds to F1 88, or None: never reached)
+    clock = {"ddp-1x1-r1": (900.0, 400.0), "ddp-1x1-r2": (900.0, 420.0),
+             "ddp-2x2-r1": (270.0, 250.0), "ddp-2x2-r2": (270.0, 270.0), "ddp-2x2-r3": (270.0, None)}
+    study = make_study(tmp_path, runs)
+    for name, (seconds, to_target) in clock.items():
+        records.save_split_metrics(study / name, "train", {
+            "train_seconds_excluding_evaluation": seconds, "target_f1": 88.0,
+            "train_seconds_to_target_f1": to_target})
+    assert report.main([str(study), "--no-slurm"]) == 0
+    summary = json.loads((study / report.SUMMARY).read_text())
+    rows = {(r["nodes"], r["gpus_per_node"]): r for r in summary["rows"]}
+    base, cell = rows[(1, 1)], rows[(2, 2)]
+    assert base["train_runtime"]["median"] == 900.0          # evaluations out of the training time
+    assert cell["speedup"] == pytest.approx(900.0 / 270.0)
+    assert (base["target_reached"], cell["target_reached"]) == (2, 2)  # r3 never got there
+    assert cell["time_to_target"]["median"] == 260.0
+    assert cell["target_speedup"] == pytest.approx(410.0 / 260.0)
+    assert cell["target_disagrees"] is True and base["target_disagrees"] is False
+    text = (study / report.REPORT).read_text()
+    section = text.split("## Time to F1 88", 1)[1].split("\n## ", 1)[0]
+    assert "| ddp | 2×2 | 4 | 2 / 3 | 260.0 | 250.0–270.0 | 1.58 | 3.33 | **differ by more than 10%** |" in section
+    assert "not reached" in text.split("## Completed runs", 1)[1]

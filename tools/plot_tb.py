@@ -9,7 +9,9 @@ no runs/ folder), and writes into DIR (default RUN_DIR/tb_plots):
 - loss.png (training loss, and evaluation loss when present), grad_norm.png, learning_rate.png,
   throughput.png (samples/s and real tokens/s), performance.png (the other train/perf/*
   figures: step time, padding, data-loading share, MFU, memory), eval_f1.png (F1 and exact
-  match, when the run evaluated more than once) — each only when its scalars exist. One title
+  match, when the run evaluated more than once), f1_vs_time.png (the evaluations during training
+  against training seconds, with the target F1 and when it was reached: --eval_every,
+  --target_f1) — each only when its scalars exist. One title
   per figure; each panel names its value and unit on its y axis, over optimizer steps. A value
   logged once beside curves is a labelled point; a figure of values all logged once is not
   drawn. Quantities that cannot be negative are drawn from zero, and other panels over at
@@ -27,6 +29,7 @@ import sys
 from pathlib import Path
 
 from qa.errors import InputError, command
+from qa.io import read_json
 
 EVENT_GLOB = "events.out.tfevents.*"
 
@@ -48,7 +51,13 @@ PLOTS = {
     "eval_f1.png": ("Evaluation", [("score (%)", "percent", [(["eval/f1", "eval_f1"], "F1"),
                                                              (["eval/exact_match", "eval_exact_match"],
                                                               "exact match")])]),
+    "f1_vs_time.png": ("Time to accuracy: the evaluations during training", [
+        ("score (%)", "percent", [(["eval_by_train_seconds/f1"], "F1"),
+                                  (["eval_by_train_seconds/exact_match"], "exact match")])]),
 }
+# Plots whose x axis is not the optimizer step (qa/time_to_accuracy.py logs its scores with the
+# training seconds as the step).
+X_LABELS = {"f1_vs_time.png": "training seconds (evaluations excluded)"}
 # The other train/perf/* figures (performance.png), by the last part of their tag.
 PERF_PANELS = {
     "step_time_s": ("optimizer step time (s)", "zero"),
@@ -160,7 +169,7 @@ def y_limits(values, kind):
     return centre - half, centre + half
 
 
-def _draw_panel(ax, scalars, ylabel, kind, curves):
+def _draw_panel(ax, scalars, ylabel, kind, curves, xlabel=X_LABEL):
     from matplotlib.ticker import PercentFormatter
 
     values = []
@@ -178,16 +187,29 @@ def _draw_panel(ax, scalars, ylabel, kind, curves):
     if kind == "share":
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1))
     ax.set_ylabel(ylabel)
-    ax.set_xlabel(X_LABEL)
+    ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
     if any(label for _, label in curves) or any(len(scalars[tag]) == 1 for tag, _ in curves):
         ax.legend()
 
 
-def figures(scalars) -> dict:
+def draw_target(ax, target: dict) -> None:
+    """The target F1 as a line across the F1-against-time panel, and where the run reached it."""
+    f1, seconds = target.get("target_f1"), target.get("train_seconds_to_target_f1")
+    if f1 is None:
+        return
+    reached = "not reached" if seconds is None else f"reached at {seconds:,.1f} s"
+    ax.axhline(f1, color="grey", linestyle="--", linewidth=1, label=f"target F1 {f1:g}: {reached}")
+    if seconds is not None:
+        ax.plot([seconds], [f1], "x", color="black", markersize=9)
+    ax.legend()
+
+
+def figures(scalars, target=None) -> dict:
     """plot file -> matplotlib Figure. One title per figure (its panels have none: each names
     its value and unit on its y axis). A figure whose values were all logged once is left out:
-    summary.md lists them."""
+    summary.md lists them. `target`: the run's target_f1 and train_seconds_to_target_f1
+    (all_results.json), drawn on the F1-against-time plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -201,7 +223,9 @@ def figures(scalars) -> dict:
         rows = math.ceil(len(panels) / cols)
         fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 3.6 * rows), squeeze=False)
         for ax, (ylabel, kind, curves) in zip(axes.flat, panels):
-            _draw_panel(ax, scalars, ylabel, kind, curves)
+            _draw_panel(ax, scalars, ylabel, kind, curves, X_LABELS.get(name, X_LABEL))
+            if name == "f1_vs_time.png" and target:
+                draw_target(ax, target)
         for ax in list(axes.flat)[len(panels):]:
             ax.axis("off")
         fig.suptitle(title)
@@ -210,11 +234,11 @@ def figures(scalars) -> dict:
     return out
 
 
-def plot(scalars, out_dir: Path) -> list:
+def plot(scalars, out_dir: Path, target=None) -> list:
     import matplotlib.pyplot as plt
 
     written = []
-    for name, fig in figures(scalars).items():
+    for name, fig in figures(scalars, target).items():
         fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
         written.append(name)
@@ -251,7 +275,8 @@ def main(argv=None) -> int:
     scalars = load_scalars(run_dir)
     out_dir = Path(args.out) if args.out else run_dir / "tb_plots"
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = plot(scalars, out_dir)
+    results = run_dir / "all_results.json"
+    plots = plot(scalars, out_dir, read_json(results) if results.is_file() else None)
     (out_dir / "summary.md").write_text(summary_markdown(run_dir, scalars, plots))
     print(f"{len(scalars)} scalars, {len(plots)} plots -> {os.fspath(out_dir)}")
     return 0

@@ -273,18 +273,29 @@ def group_rows(runs):
         def col(key):
             return [v for v in (as_number(x.get(key)) for x in res) if v is not None]
 
+        targets = sorted({t for t in col("target_f1")})
+        to_target = col("train_seconds_to_target_f1")
+
         rows.append({
             "strategy": strategy, "nodes": nodes, "gpus_per_node": per_node, "gpus": nodes * per_node,
             "expected": len(members), "ok": len(ok), "runs": [r["name"] for r in ok],
             "global_batch": sorted({b for b in map(global_batch, ok) if b is not None}),
-            "train_runtime": _spread(col("train_runtime")),
+            "train_runtime": _spread([training_seconds(x) for x in res]),
             "wall_clock": _spread(col("WALL_CLOCK_SECONDS")),
             "samples_per_second": _spread(col("train_samples_per_second")),
             "real_tokens_per_second": _spread(col("train_real_tokens_per_second")),
             "eval_f1": _spread(col("eval_f1")), "eval_exact_match": _spread(col("eval_exact_match")),
-            "repeat_train_runtime": col("train_runtime"),
+            "repeat_train_runtime": [training_seconds(x) for x in res],
+            "target_f1": targets, "target_reached": len(to_target), "time_to_target": _spread(to_target),
         })
     return rows
+
+
+def training_seconds(results) -> float:
+    """A run's training time: train_runtime, less the evaluations during training when it made
+    some (--eval_every: train_seconds_excluding_evaluation), so they do not count as training."""
+    clock = as_number(results.get("train_seconds_excluding_evaluation"))
+    return clock if clock is not None else as_number(results["train_runtime"])
 
 
 def pick_baseline(rows, manifest):
@@ -307,7 +318,24 @@ def add_speedups(rows, baseline):
         else:
             r["speedup"] = r["efficiency"] = None
             r["repeat_speedups"] = []
+        add_target_speedup(r, baseline)
     rows.sort(key=lambda r: (not r["baseline"], r["strategy"], r["gpus"], r["nodes"]))
+
+
+# Time-to-target and throughput speedups of a cell that part by more than this are flagged: the
+# larger global batch (or anything else) costs the cell accuracy per step, or gains it.
+TARGET_DISAGREEMENT = 0.10
+
+
+def add_target_speedup(row, baseline) -> None:
+    """The cell's speedup in time to the target F1 (baseline median / the cell's median, over the
+    repeats that reached it) and whether it parts from the throughput speedup by more than
+    TARGET_DISAGREEMENT."""
+    base = baseline and baseline["time_to_target"] and baseline["time_to_target"]["median"]
+    mine = row["time_to_target"] and row["time_to_target"]["median"]
+    row["target_speedup"] = base / mine if base and mine else None
+    row["target_disagrees"] = (row["target_speedup"] is not None and row["speedup"] is not None and
+                               abs(row["target_speedup"] / row["speedup"] - 1) > TARGET_DISAGREEMENT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,7 +426,8 @@ def table(rows, baseline):
             f"{f1_text} |")
     lines.append("")
     if baseline:
-        lines.append(f"Speedup = median training time (`train_runtime`) of the {baseline['nodes']}×"
+        lines.append(f"Speedup = median training time (`train_runtime`, without the evaluations during training "
+                     f"when the runs made some) of the {baseline['nodes']}×"
                      f"{baseline['gpus_per_node']} {baseline['strategy']} baseline "
                      f"({_f(baseline['train_runtime']['median'])} s, {baseline['ok']} run(s)) / the row's median "
                      "training time; efficiency = speedup / GPUs (100 % = ideal). Medians over the completed "
@@ -411,6 +440,34 @@ def table(rows, baseline):
         lines.append(f"**The global batch differs between rows ({', '.join(map(str, sorted(batches)))})**: "
                      "those rows take different numbers of optimizer steps, so their speedups compare "
                      "different training runs (see F1). Submit with `--global-batch N` to hold it fixed.")
+    return lines + [""]
+
+
+def target_section(rows, baseline):
+    """Time to the target F1 beside the throughput speedup, for studies whose runs evaluated during
+    training with a target (tools/scaling_submit.sh --target-f1)."""
+    targets = sorted({t for r in rows for t in r["target_f1"]})
+    if not targets:
+        return []
+    target = "/".join(f"{t:g}" for t in targets)
+    lines = [f"## Time to F1 {target}", "",
+             "| strategy | nodes × GPUs | GPUs | reached / runs ok | time to target, median (s) | min–max (s) "
+             "| speedup to target | speedup (training time) | |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        t = r["time_to_target"]
+        flag = (f"**differ by more than {TARGET_DISAGREEMENT:.0%}**" if r["target_disagrees"] else "")
+        lines.append(f"| {r['strategy']} | {r['nodes']}×{r['gpus_per_node']}{' (baseline)' if r['baseline'] else ''} "
+                     f"| {r['gpus']} | {r['target_reached']} / {r['ok']} | {_f(t and t['median'])} | "
+                     f"{_f(t['min']) + '–' + _f(t['max']) if t else '—'} | {_f(r['target_speedup'], 2)} | "
+                     f"{_f(r['speedup'], 2)} | {flag} |")
+    lines += ["", "Time to target = training seconds (evaluations excluded) until the first evaluation during "
+              "training at or above the target F1, interpolated from the one before (`train_seconds_to_target_f1`); "
+              "median over the repeats that reached it. Speedup to target = the baseline's median / the row's. "
+              f"Where it parts from the throughput speedup by more than {TARGET_DISAGREEMENT:.0%}, the cell needs "
+              "more (or fewer) steps to answer as well as the baseline: a larger global batch, typically."]
+    if len(targets) > 1:
+        lines.append("**The runs had different targets**: their times are not comparable.")
     return lines + [""]
 
 
@@ -429,15 +486,18 @@ def runs_section(runs, base_median):
     ok = [r for r in runs if r["status"] == "ok"]
     lines = ["## Completed runs", "",
              "| run | job | node list | training time (s) | wall clock (s) | samples/s | real tokens/s | speedup* "
-             "| F1 | EM |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| F1 | EM | time to target F1 (s) |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in ok:
         x = r["results"]
         node_list = ((r["env"] or {}).get("slurm") or {}).get("SLURM_JOB_NODELIST", "—")
-        speed = base_median / x["train_runtime"] if base_median else None
-        lines.append(f"| {r['name']} | {r.get('job_id', '?')} | {node_list} | {_f(x['train_runtime'])} | "
+        speed = base_median / training_seconds(x) if base_median else None
+        to_target = "—" if x.get("target_f1") is None else (
+            "not reached" if x.get("train_seconds_to_target_f1") is None else _f(x["train_seconds_to_target_f1"]))
+        lines.append(f"| {r['name']} | {r.get('job_id', '?')} | {node_list} | {_f(training_seconds(x))} | "
                      f"{_f(as_number(x.get('WALL_CLOCK_SECONDS')))} | {_f(as_number(x.get('train_samples_per_second')))} | "
                      f"{_f(as_number(x.get('train_real_tokens_per_second')), 0)} | {_f(speed, 2)} | "
-                     f"{_f(as_number(x.get('eval_f1')), 2)} | {_f(as_number(x.get('eval_exact_match')), 2)} |")
+                     f"{_f(as_number(x.get('eval_f1')), 2)} | {_f(as_number(x.get('eval_exact_match')), 2)} | "
+                     f"{to_target} |")
     return lines + ["", "\\* this run against the baseline's median.", ""]
 
 
@@ -626,6 +686,7 @@ def build(study: Path, out: Path, use_slurm: bool = True) -> dict:
               "No plot: it needs a completed baseline and at least one other completed shape.", ""]
     predicted, notes = predictions(rows, runs, baseline)
     lines += predictions_section(predicted, notes)
+    lines += target_section(rows, baseline)
     lines += problems_section(runs) + runs_section(runs, base_median)
     extra = unlisted(study, manifest)
     if extra:

@@ -4,11 +4,15 @@
 #
 #   tools/scaling_submit.sh [--shapes "1x1 1x2 2x1 2x2"] [--strategies "ddp fsdp"] [--repeats 5]
 #       [--config configs/reference.json] [--study runs/scaling/<date>] [--global-batch N]
+#       [--target-f1 X [--eval-every E] [--eval-every-questions N]]
 #       [--env-file FILE] [--job-script job_ddp.sh] [--dry-run] [SBATCH OPTIONS...] [-- RUN_QA ARGS...]
 #
 # Shapes are NODESxGPUS_PER_NODE. Any option not listed above goes to sbatch as is (--partition
 # gpu, --time=02:00:00, --account X, ...); what follows `--` goes to run_qa.py (via the job).
 # --job-script: the script of the multi-GPU cells [job_ddp.sh]; the baseline is always job_ft3.sh.
+# --target-f1 X: every run evaluates during training (--eval_every E, a fraction of an epoch or
+# steps [0.25]; --eval_every_questions N validation questions [all]) and records its training
+# seconds to F1 X; the report gives each cell's time-to-target speedup beside its throughput one.
 # Each run writes into STUDY/<strategy>-<nodes>x<gpus>-r<k> (OUTPUT_DIR and --output_dir), and
 # STUDY/manifest.json lists every submitted job (rewritten atomically after each submission).
 #
@@ -29,6 +33,7 @@ abspath() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 
 shapes="1x1 1x2 2x1 2x2"; strategies="ddp fsdp"; repeats=5; config=configs/reference.json
 study=""; global_batch=""; env_file=""; job_script=job_ddp.sh; dry=0; sbatch_extra=(); run_extra=()
+target_f1=""; eval_every=0.25; eval_questions=""
 baseline_script=$ROOT/job_ft3.sh
 while [ $# -gt 0 ]; do
   case $1 in
@@ -38,6 +43,9 @@ while [ $# -gt 0 ]; do
     --config) config=$2; shift ;;
     --study) study=$2; shift ;;
     --global-batch) global_batch=$2; shift ;;
+    --target-f1) target_f1=$2; shift ;;
+    --eval-every) eval_every=$2; shift ;;
+    --eval-every-questions) eval_questions=$2; shift ;;
     --env-file) env_file=$2; shift ;;
     --job-script) job_script=$2; shift ;;
     --dry-run) dry=1 ;;
@@ -50,6 +58,13 @@ done
 
 [[ $repeats =~ ^[1-9][0-9]*$ ]] || die "--repeats must be a positive integer, not '$repeats'"
 [ -z "$global_batch" ] || [[ $global_batch =~ ^[1-9][0-9]*$ ]] || die "--global-batch must be a positive integer"
+num='^[0-9]+([.][0-9]+)?$'  # also valid JSON, for the manifest
+[ -z "$target_f1" ] || [[ $target_f1 =~ $num ]] || die "--target-f1 must be a number (an F1 from 0 to 100), not '$target_f1'"
+[[ $eval_every =~ $num ]] || die "--eval-every must be a number (below 1: a fraction of an epoch; from 1: steps)"
+[ -z "$eval_questions" ] || [[ $eval_questions =~ ^[1-9][0-9]*$ ]] || die "--eval-every-questions must be a positive integer"
+if [ -n "$target_f1" ]; then  # the runs evaluate during training and record their time to the target
+  run_extra=(--eval_every "$eval_every" --target_f1 "$target_f1" ${eval_questions:+--eval_every_questions "$eval_questions"} "${run_extra[@]}")
+fi
 for s in $strategies; do [[ $s =~ ^(ddp|fsdp)$ ]] || die "unknown strategy '$s' (ddp, fsdp)"; done
 for sh in $shapes; do [[ $sh =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || die "bad shape '$sh' (NODESxGPUS, e.g. 2x2)"; done
 # Paths the user gave are relative to where they stand; sbatch runs from the repository root.
@@ -88,6 +103,7 @@ write_manifest() {  # atomically: a temporary file in the same folder, then rena
   "baseline_job_script": $(json_str "$baseline_script"),
   "config": $(json_str "$config"),
   "global_batch": ${global_batch:-null},
+  "target_f1": ${target_f1:-null},
   "env_file": $( [ -n "$env_file" ] && json_str "$env_file" || echo null),
   "shapes": $(json_arr $shapes),
   "strategies": $(json_arr $strategies),

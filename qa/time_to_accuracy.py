@@ -1,0 +1,168 @@
+"""Time to accuracy: evaluations during training on a clock that excludes them, and how long the
+run took to reach a target F1.
+
+Throughput alone flatters a larger batch: it can be faster per sample and still need longer to
+answer as well. So `--eval_every` evaluates during training (on the validation questions, or the
+first `--eval_every_questions` of them with all their windows), and each evaluation records the
+training seconds so far, the step, the features seen, F1 and EM. The training clock runs from
+the start of training (compilation and warm-up included: they are part of the cost) and stops
+while an evaluation runs. `--target_f1 X` then gives the training seconds to the first
+evaluation at or above X, linearly interpolated between it and the one before (said so), or null
+with the best F1 reached. Evaluating changes nothing in training: QuestionAnsweringTrainer keeps
+every random generator as it was around an evaluation, so the losses are those of a run without
+(tested).
+"""
+import logging
+import math
+import time
+from typing import List, Optional
+
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+TAG = "eval_by_train_seconds"  # TensorBoard: F1 and EM with the training seconds as the step
+
+
+def eval_interval(every: float, steps_per_epoch: int) -> int:
+    """Optimizer steps between evaluations: `every` below 1 is a fraction of an epoch, from 1 on
+    a number of steps."""
+    if every < 1:
+        return max(1, round(every * steps_per_epoch))
+    return int(every)
+
+
+def first_questions(examples, features, n: Optional[int]):
+    """(examples, features) of the first `n` questions with every window of each (all when `n` is
+    None): the set evaluated during training with --eval_every_questions."""
+    if n is None or n >= len(examples):
+        return examples, features
+    examples = examples.select(range(n))
+    kept = set(examples["id"])
+    ids = features.with_format("arrow")["example_id"].to_pylist()
+    return examples, features.select([i for i, qid in enumerate(ids) if qid in kept])
+
+
+def time_to_target(evaluations: List[dict], target: float) -> dict:
+    """When the F1 of `evaluations` (in training order: train_seconds, step, f1) first reached
+    `target`: the interpolated training seconds, the seconds and step of that evaluation, and how
+    the figure was obtained; None figures with the best F1 when it never did."""
+    best = max(evaluations, key=lambda e: e["f1"], default=None)
+    out = {"target_f1": target, "train_seconds_to_target_f1": None,
+           "train_seconds_to_target_f1_at_evaluation": None, "step_at_target_f1": None,
+           "target_f1_method": None, "best_f1_during_training": best and best["f1"],
+           "best_f1_during_training_step": best and best["step"]}
+    for i, e in enumerate(evaluations):
+        if e["f1"] < target:
+            continue
+        out.update(train_seconds_to_target_f1_at_evaluation=e["train_seconds"], step_at_target_f1=e["step"])
+        if i == 0:
+            out["train_seconds_to_target_f1"] = e["train_seconds"]
+            out["target_f1_method"] = (f"the first evaluation (step {e['step']}) is at or above the target: "
+                                       "its time, no earlier evaluation to interpolate from")
+        else:
+            p = evaluations[i - 1]
+            share = (target - p["f1"]) / (e["f1"] - p["f1"])
+            out["train_seconds_to_target_f1"] = p["train_seconds"] + share * (e["train_seconds"] - p["train_seconds"])
+            out["target_f1_method"] = (f"linear interpolation between the evaluations at steps {p['step']} "
+                                       f"(F1 {p['f1']:.2f}) and {e['step']} (F1 {e['f1']:.2f})")
+        return out
+    out["target_f1_method"] = "not reached: no evaluation during training at or above the target"
+    return out
+
+
+class TimeToAccuracyCallback(TrainerCallback):
+    """Asks the Trainer for an evaluation every `every` (see eval_interval) and at the last step,
+    and records each evaluation made during training on the training clock. Every rank keeps the
+    same record (the evaluations run on all ranks, as the final one does)."""
+
+    def __init__(self, every: float, target_f1: Optional[float] = None, tensorboard_dir: Optional[str] = None):
+        self.every, self.target_f1, self.tensorboard_dir = every, target_f1, tensorboard_dir
+        self.evaluations: List[dict] = []
+        self.interval = None
+        self._training = False
+        self._writer = None
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        accumulation = max(int(args.gradient_accumulation_steps), 1)
+        self._batches_per_epoch = len(train_dataloader) if train_dataloader is not None else None
+        steps_per_epoch = math.ceil((self._batches_per_epoch or state.max_steps * accumulation) / accumulation)
+        self.interval = eval_interval(self.every, steps_per_epoch)
+        self._global_batch = args.per_device_train_batch_size * max(int(args.world_size), 1)
+        self._accumulation = accumulation
+        self._features = len(train_dataloader.dataset) if train_dataloader is not None else None
+        self.evaluations = []
+        self.evaluation_s = 0.0
+        self._start = self._step_end = time.perf_counter()
+        self._training = True
+        logger.info("time to accuracy: evaluating every %d optimizer steps and at the last%s", self.interval,
+                    f"; target F1 {self.target_f1:g}" if self.target_f1 is not None else "")
+
+    def _features_seen(self, step: int) -> int:
+        """Features (windows) trained on by the end of optimizer step `step`, all ranks together."""
+        micro = step * self._accumulation
+        if not self._batches_per_epoch or not self._features:
+            return micro * self._global_batch
+        epochs, partial = divmod(micro, self._batches_per_epoch)
+        return epochs * self._features + min(partial * self._global_batch, self._features)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._step_end = time.perf_counter()
+        if state.global_step % self.interval == 0 or state.global_step >= state.max_steps:
+            control.should_evaluate = True
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if not self._training or not metrics:
+            return
+        now = time.perf_counter()
+        train_seconds = self._step_end - self._start - self.evaluation_s
+        entry = {"step": state.global_step, "epoch": state.epoch, "train_seconds": train_seconds,
+                 "features": self._features_seen(state.global_step), "f1": metrics.get("eval_f1"),
+                 "exact_match": metrics.get("eval_exact_match"), "eval_seconds": now - self._step_end}
+        # Everything from the end of the step to here (the evaluation and its logging) is off the clock.
+        self.evaluation_s += now - self._step_end
+        if entry["f1"] is None:
+            logger.warning("time to accuracy: the evaluation at step %d gave no F1 (unlabelled validation data?)",
+                           state.global_step)
+            return
+        self.evaluations.append(entry)
+        self._write_tensorboard(state, entry)
+        logger.info("time to accuracy: step %d, %.1f training seconds, F1 %.2f, EM %.2f", entry["step"],
+                    train_seconds, entry["f1"], entry["exact_match"])
+
+    def _write_tensorboard(self, state, entry):
+        if self.tensorboard_dir is None or not state.is_world_process_zero:
+            return
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(self.tensorboard_dir)
+        seconds = round(entry["train_seconds"])
+        for name in ("f1", "exact_match"):
+            self._writer.add_scalar(f"{TAG}/{name}", entry[name], global_step=seconds)
+        self._writer.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not self._training:
+            return
+        self._training = False
+        self.train_seconds = time.perf_counter() - self._start - self.evaluation_s
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def summary(self) -> dict:
+        """Keys for train_results.json."""
+        if self.interval is None:
+            return {}
+        out = {"train_seconds_excluding_evaluation": getattr(self, "train_seconds", None),
+               "train_evaluation_seconds": self.evaluation_s,
+               "eval_during_training_interval_steps": self.interval,
+               "eval_during_training_count": len(self.evaluations)}
+        if self.target_f1 is not None:
+            out.update(time_to_target(self.evaluations, self.target_f1))
+        return out
+
+    def record(self) -> dict:
+        """time_to_accuracy.json: every evaluation during training and the summary."""
+        return {"evaluations": self.evaluations, **self.summary()}
