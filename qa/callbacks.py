@@ -25,10 +25,10 @@ class RunCallbacks:
 
     `install(trainer)` puts the console's log printer (qa.console) in place of the Trainer's and
     adds the others after the Trainer's own (flow control, reporting), in the order of
-    `callbacks`: the time-to-accuracy clock first (it starts before the warm-up and the
-    measurement: they are part of the time to train), then the telemetry, so the time the others
-    spend inside its measured stretches
-    (the profiler in on_step_end; the compile warm-up and the communication measurement in
+    `callbacks`: the time-to-accuracy clock first (the warm-up and the measurement are part of
+    the time to train, and the preemption callback after it may cancel an evaluation it asked
+    for); then the telemetry, so the time the others spend inside its measured stretches (the
+    profiler in on_step_end; the compile warm-up and the communication measurement in
     on_train_begin, after the telemetry started its clock) falls between two of its marks and is
     set aside (each reports it as `overhead_s`); the warm-up before the measurement, whose passes
     then reuse the graphs it compiled. Nothing here needs to run before the reporting callbacks:

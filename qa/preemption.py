@@ -122,6 +122,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
         self.stopped_at = state.global_step
         control.should_save = True
         control.should_training_stop = True
+        control.should_evaluate = False  # the time before the limit goes to the checkpoint (--eval_every asks)
         logger.warning("signal received: saving checkpoint-%d and stopping (resume with --resume auto)",
                        state.global_step)
 
