@@ -75,6 +75,10 @@ def test_run_records_everything(trained):
     assert env["versions"]["torch"] and env["config"]["learning_rate"] == 3e-4 and env["git_commit"]
     predictions = json.loads((out / "predictions.json").read_text())
     assert len(predictions) == 300
+    # time to accuracy (the config evaluates every quarter epoch and names a target it reaches)
+    timed = json.loads((out / "time_to_accuracy.json").read_text())
+    assert len(timed["evaluations"]) >= 7 and res["target_f1"] == 85
+    assert 0 < res["train_seconds_to_target_f1"] < res["train_seconds_excluding_evaluation"] < res["train_runtime"]
     events = list((out / "runs").rglob("events.out.tfevents.*"))
     assert events, "TensorBoard events are written by default"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
