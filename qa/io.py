@@ -71,12 +71,12 @@ def read_text(path, what: str = "file") -> str:
                          "save the file as UTF-8") from exc
 
 
-def json_error(path, exc: json.JSONDecodeError, lineno: Optional[int] = None) -> InputError:
-    """The one message for malformed JSON: the file, line and column, and the fix."""
+def json_error(path, exc: json.JSONDecodeError, lineno: Optional[int] = None, hint: str = "") -> InputError:
+    """The one message for malformed JSON: the file, line and column, and the fix (`hint`: what
+    the caller adds to it)."""
     line = lineno if lineno is not None else exc.lineno
     return InputError(f"{os.fspath(path)}, line {line} column {exc.colno}", f"malformed JSON: {exc.msg}",
-                      "correct the JSON syntax at that point (a file with one JSON object per line "
-                      "should be named .jsonl)")
+                      "correct the JSON syntax at that point" + (f" ({hint})" if hint else ""))
 
 
 def read_json(path, what: str = "file"):

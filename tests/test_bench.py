@@ -29,6 +29,7 @@ def report(tmp_path_factory):
     return json.loads(open(paths["json"]).read()), open(paths["markdown"]).read()
 
 
+@pytest.mark.slow
 def test_report_has_every_variant_and_field(report):
     r, _ = report
     assert list(r["variants"]) == ["reference", "reference_bf16", "fast"]
@@ -45,6 +46,7 @@ def test_report_has_every_variant_and_field(report):
             assert key in v, (name, key)
 
 
+@pytest.mark.slow
 def test_values_are_sane(report):
     r, _ = report
     for name, v in r["variants"].items():
@@ -64,6 +66,7 @@ def test_values_are_sane(report):
                                   / r["variants"]["reference"]["samples_per_second"], rel=1e-2)
 
 
+@pytest.mark.slow
 def test_each_variant_used_what_it_says(report):
     r, _ = report
     ref, bf16, fast = (r["variants"][k]["used"] for k in ("reference", "reference_bf16", "fast"))
@@ -75,6 +78,7 @@ def test_each_variant_used_what_it_says(report):
         assert any("tf32" in n for n in r["variants"]["fast"]["notes"])
 
 
+@pytest.mark.slow
 def test_markdown_names_device_versions_command(report):
     r, md = report
     assert r["device"]["name"] in md and r["versions"]["torch"] in md and "bench/run_bench.py" in md
@@ -111,6 +115,7 @@ def _bench_module():
     return module
 
 
+@pytest.mark.slow
 def test_a_window_with_compilations_is_marked_and_its_ratios_left_out(report):
     """The Markdown of the fixture's report, with the fast variant's window made to hold two
     compilations: the row is marked, its ratios are not printed as results, nor flagged as such

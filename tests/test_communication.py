@@ -56,6 +56,7 @@ def _synced_gradients(tmp_path, hook):
     return torch.load(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hook, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_compression_hook_sends_16_bit_gradients(tmp_path, hook, dtype):
     """With the hook the averaged gradients are exactly 16-bit values (they travelled in 16
@@ -114,6 +115,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_measurement_is_recorded_and_consistent(runs):
     r = results(runs["measured"])
     assert r["comm_world_size"] == 2 and r["comm_nodes"] == 1 and r["comm_backend"] == "gloo"
@@ -141,6 +143,7 @@ def test_measurement_is_recorded_and_consistent(runs):
     assert "| all-reduce of the gradients, whole group |" in md and "| exposed communication per step |" in md
 
 
+@pytest.mark.slow
 def test_measurement_does_not_change_training(runs):
     measured, unmeasured = results(runs["measured"]), results(runs["unmeasured"])
     assert measured["train_loss"] == unmeasured["train_loss"]
@@ -150,6 +153,7 @@ def test_measurement_does_not_change_training(runs):
         assert a.get("loss") == b.get("loss")
 
 
+@pytest.mark.slow
 def test_switches_are_in_effect_and_training_still_learns(runs):
     plain, switched = results(runs["measured"]), results(runs["switches"])
     # read back from the wrapped model: the hook registered, DDP's bucket size
@@ -165,6 +169,7 @@ def test_switches_are_in_effect_and_training_still_learns(runs):
     assert losses[-1] < 0.75 * losses[0] and all(map(math.isfinite, losses)), losses
 
 
+@pytest.mark.slow
 def test_single_process_records_no_measurement(tmp_path, tmp_path_factory):
     env = _env(tmp_path_factory)
     proc = run_qa([*TINY, "--do_train", "--max_steps", "2", "--save_strategy", "no", "--report_to", "none",
@@ -177,6 +182,7 @@ def test_single_process_records_no_measurement(tmp_path, tmp_path_factory):
     assert r["train_setup"]["world_size"] == 1 and REPO.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("QA_TEST_COMPILE") == "0", reason="QA_TEST_COMPILE=0")
 def test_measurement_reuses_the_training_graphs_under_compile(tmp_path, tmp_path_factory):
     """With torch.compile, a 2-process run that measures its communication compiles exactly the

@@ -75,6 +75,7 @@ def test_sdpa_with_mask_computes_what_sdpa_computes(tmp_path):
         torch.testing.assert_close(plain, masked, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 @needs_compile
 def test_an_unpadded_batch_after_warm_up_does_not_recompile(tmp_path):
     """Steps 1-2 are padded batches of two widths (the compiled layers trace symbolic lengths and
@@ -89,6 +90,7 @@ def test_an_unpadded_batch_after_warm_up_does_not_recompile(tmp_path):
     assert results["train_window_compiles"] == 0 and results["train_window_recompiles"] == 0
 
 
+@pytest.mark.slow
 @needs_compile
 def test_compile_warm_up_compiles_every_width_before_the_window(tmp_path):
     """Static graphs (one per padded width): widths 64 and 96 come first inside the window. Without

@@ -275,6 +275,7 @@ def _run(args, tmp_path, timeout=600):
     return proc
 
 
+@pytest.mark.slow
 def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path):
     """configs/fast.json's switches train (the loss falls) and evaluate; evaluating the saved
     model again without length grouping gives the very same predictions, so the grouped run
@@ -296,6 +297,7 @@ def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path):
     assert json.loads((again / "all_results.json").read_text())["eval_f1"] == results["eval_f1"]
 
 
+@pytest.mark.slow
 def test_torch_compile_with_symbolic_lengths_does_not_recompile(tmp_path):
     """configs/fast.json's compilation (regional, dynamic, warmed up) through run_qa.py: compiled
     graphs are made, all of them in the warm-up before the first step, and the training steps,

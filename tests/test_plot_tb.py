@@ -23,6 +23,7 @@ def plotted(tmp_path_factory):
     return run, out
 
 
+@pytest.mark.slow
 def test_plots_written(plotted):
     _, out = plotted
     for name in ("loss.png", "grad_norm.png", "learning_rate.png", "throughput.png", "performance.png"):
@@ -32,6 +33,7 @@ def test_plots_written(plotted):
     assert not (out / "eval_f1.png").exists()
 
 
+@pytest.mark.slow
 def test_summary(plotted):
     _, out = plotted
     text = (out / "summary.md").read_text()
@@ -53,6 +55,7 @@ def test_summary(plotted):
     assert "loss.png" in text and "eval_f1.png" not in text
 
 
+@pytest.mark.slow
 def test_default_out_dir(plotted, tmp_path):
     run, _ = plotted
     import shutil

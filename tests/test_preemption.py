@@ -16,6 +16,8 @@ import torch
 from tests.helpers import REPO
 from tests.test_run_qa import _env
 
+pytestmark = pytest.mark.slow  # gloo process groups and torchrun runs: tens of seconds each
+
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
 
 

@@ -21,6 +21,7 @@ def results(out):
     return json.loads((out / "all_results.json").read_text())
 
 
+@pytest.mark.slow
 def test_profile_files(runs):
     _, out = runs
     folder = out / "profile"
@@ -35,6 +36,7 @@ def test_profile_files(runs):
     assert "self_cpu_memory_usage" in memory and "aten::" in memory and "peak RSS" in memory
 
 
+@pytest.mark.slow
 def test_only_the_scheduled_steps_are_recorded(runs):
     _, out = runs
     index = json.loads((out / "profile" / "profile.json").read_text())
@@ -45,6 +47,7 @@ def test_only_the_scheduled_steps_are_recorded(runs):
     assert results(out)["train_profiled_steps"] == [3, 4, 5]
 
 
+@pytest.mark.slow
 def test_profiling_does_not_change_training(runs):
     plain, profiled = runs
     a, b = results(plain), results(profiled)
@@ -56,6 +59,7 @@ def test_profiling_does_not_change_training(runs):
     assert not (plain / "profile").exists()
 
 
+@pytest.mark.slow
 def test_cpu_mfu_is_null_without_peak(runs):
     _, out = runs
     res = results(out)

@@ -53,6 +53,7 @@ def trained(tmp_path_factory):
     return before, out, env, proc
 
 
+@pytest.mark.slow
 def test_training_learns(trained):
     before, out, _, _ = trained
     f1_before, f1_after = results(before)["eval_f1"], results(out)["eval_f1"]
@@ -60,6 +61,7 @@ def test_training_learns(trained):
     assert f1_after > f1_before + 20 and f1_after > 2.5 * f1_before, (f1_before, f1_after)
 
 
+@pytest.mark.slow
 def test_run_records_everything(trained):
     _, out, _, _ = trained
     res = results(out)
@@ -92,11 +94,13 @@ def test_run_records_everything(trained):
     assert "eval F1" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_cached_features_are_reused(trained):
     _, out, _, proc = trained
     assert "features cache hit" in proc.stderr  # the untrained run tokenized the same eval set
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_match_single_process(tmp_path, tmp_path_factory):
     """2 gloo ranks train with per-epoch evaluation and keep the best model by eval_f1 (every
     rank must hold the metric), then evaluate; the single-process evaluation of the saved
@@ -196,6 +200,7 @@ def test_bad_input_fails_cleanly(case, tmp_path, monkeypatch, capsys):
     assert not out.exists(), "bad input must leave no output behind"
 
 
+@pytest.mark.slow
 def test_bad_input_message_is_one_line_naming_the_culprit(tmp_path, tmp_path_factory):
     """Through a real process: exit status 2 and a single `error:` line with the fix."""
     env = _env(tmp_path_factory)
@@ -208,6 +213,7 @@ def test_bad_input_message_is_one_line_naming_the_culprit(tmp_path, tmp_path_fac
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_checkpoints_are_marked_rotated_and_resumed(tmp_path, tmp_path_factory):
     """Checkpoints carry the completion marker, rotation keeps save_total_limit complete ones,
     a torn checkpoint is moved aside, and a rerun resumes from the last complete one."""
@@ -288,6 +294,7 @@ def test_predict_on_unlabelled_questions(kind, tmp_path, monkeypatch):
     assert not [line for line in summary.splitlines() if line.startswith(("| train", "| eval", "| SLURM"))]
 
 
+@pytest.mark.slow
 def test_torchrun_without_gpu_trains_as_one_gloo_group(tmp_path, tmp_path_factory):
     """A GPU config (no use_cpu) started by torchrun on a machine without a GPU: the two
     processes train as one gloo group (half the steps each), not as two lone copies."""
@@ -306,6 +313,7 @@ def test_torchrun_without_gpu_trains_as_one_gloo_group(tmp_path, tmp_path_factor
     assert steps == math.ceil(features / (2 * 4)), (steps, features)  # batch 4 on each of 2 ranks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask", [0o022, 0o077], ids=["umask-022", "umask-077"])
 def test_written_files_take_the_umask(mask, tmp_path, monkeypatch):
     """Results, predictions, profile tables, checkpoints and model weights get the mode any new

@@ -176,6 +176,7 @@ def _wait_for(path, proc, timeout=300):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_second_run_on_the_same_folder_is_refused(tmp_path, tmp_path_factory):
     """Two real processes: the second refuses at start, naming the first, which finishes fine."""
     env = _env(tmp_path_factory)
@@ -200,6 +201,7 @@ def test_second_run_on_the_same_folder_is_refused(tmp_path, tmp_path_factory):
     assert not (out / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 def test_refused_torchrun_run_stops_on_every_rank(tmp_path, tmp_path_factory):
     """Rank 0 refuses (the folder is held by a live run: this test's process); rank 1 must not
     wait for it in a collective, nor take the lock itself."""

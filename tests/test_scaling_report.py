@@ -556,6 +556,7 @@ except ImportError:  # pragma: no cover
     from slurm_fixture import slurm_cluster  # noqa: F401,E402
 
 
+@pytest.mark.slow
 def test_tiny_study_on_local_slurm(request, tmp_path):
     for who in ("job_ft3.sh", "job_ddp.sh", "configs/smoke_tiny.json"):
         if not (REPO / who).exists():   # checked before the cluster starts: skipping costs nothing

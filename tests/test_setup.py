@@ -188,6 +188,7 @@ def setup_env(tmp_path):
         HF_ENDPOINT=unreachable_endpoint())
 
 
+@pytest.mark.slow
 def test_second_run_installs_nothing_and_writes_env_sh(tmp_path, setup_env):
     first = run(["bash", str(SETUP), "--dev", "--no-prefetch"], setup_env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr
@@ -215,6 +216,7 @@ def test_second_run_installs_nothing_and_writes_env_sh(tmp_path, setup_env):
     assert proc.stdout.splitlines() == [sys.prefix, f"{tmp_path / 'hf'} 1 1"]
 
 
+@pytest.mark.slow
 def test_env_sh_names_absolute_paths_when_given_relative_ones(tmp_path, setup_env):
     """VENV_DIR, ENV_FILE and HF_CACHE_DIR given relative to the folder setup_bert.sh runs in:
     env.sh names them absolutely, so a job that sources it from another folder finds them."""
@@ -235,6 +237,7 @@ def test_env_sh_names_absolute_paths_when_given_relative_ones(tmp_path, setup_en
     assert proc.stdout.splitlines() == [sys.prefix, str(work / "hf")]
 
 
+@pytest.mark.slow
 def test_prefetch_failure_stops_setup_with_the_fix(setup_env):
     proc = run(["bash", str(SETUP)], setup_env)
     assert proc.returncode != 0

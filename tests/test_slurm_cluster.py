@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # jobs on a real local SLURM cluster: minutes
+
 try:
     from tests.slurm_fixture import (SCRIPT, alive, require_slurm, slurm_cluster,  # noqa: F401
                                      start_cluster)

@@ -36,6 +36,8 @@ import pytest
 
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.slow  # jobs on a real local SLURM cluster: minutes
+
 try:
     from tests.slurm_fixture import TERMINAL, alive, slurm_cluster  # noqa: F401  (registers the fixture)
 except ImportError:  # pragma: no cover
@@ -305,8 +307,8 @@ def test_output_dir_of_a_bad_config_is_one_line(tmp_path, capsys):
     config.write_text('{"learning_rate": 1e-3,}')
     assert main(["output_dir", str(config)]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.splitlines() == [f"error: {config}:1:24: malformed JSON (Expecting property name "
-                                              "enclosed in double quotes). Fix: fix the JSON syntax at that line"]
+    assert out == "" and err.splitlines() == [f"error: {config}, line 1 column 24: malformed JSON: Expecting property "
+                                              "name enclosed in double quotes. Fix: correct the JSON syntax at that point"]
 
 
 def test_abbreviated_flags_are_refused():

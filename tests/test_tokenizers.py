@@ -273,6 +273,7 @@ def _main(monkeypatch, tmp_path, args):
                  "--report_to", "none"])
 
 
+@pytest.mark.slow
 def test_roberta_trains_and_answers_every_question_through_run_qa(roberta_dir, tmp_path, monkeypatch):
     """Train (40 steps) on one dev article, evaluate on another, with dynamic padding (<pad> is
     id 1, and the model has a single token type). About 25 s on 2 cores."""

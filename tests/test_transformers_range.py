@@ -63,6 +63,7 @@ def test_other_releases_are_not_refused_by_number():
 
 @pytest.mark.skipif(not OLDEST_PYTHON, reason=f"no transformers {OLDEST} environment: .ci/run builds one with "
                     "tools/transformers_env.sh and sets QA_TRANSFORMERS_OLDEST_PYTHON to its python")
+@pytest.mark.slow
 def test_oldest_release_trains_evaluates_and_predicts(tmp_path):
     """A tiny train + eval + predict through run_qa.py on transformers 5.17, exercising every
     override: the length column for grouped batches, checkpoints marked and rotated, evaluation

@@ -70,7 +70,7 @@ def _parse_json_text(text: str, path: str) -> RawFile:
         if exc.msg == "Extra data" and text.lstrip().startswith("{"):
             # One JSON object per line in a file named .json: read it as JSON Lines.
             return RawFile(path, "records", _parse_json_lines(text, path))
-        raise json_error(path, exc) from exc
+        raise json_error(path, exc, hint="a file with one JSON object per line should be named .jsonl") from exc
 
 
 def _parse_json_lines(text: str, path: str) -> List[dict]:
