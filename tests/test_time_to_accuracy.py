@@ -111,6 +111,7 @@ def _run(tmp_path, env, name, extra, launcher=(sys.executable,)):
     return out
 
 
+@pytest.mark.slow
 def test_evaluating_during_training_changes_nothing_in_training(tmp_path, tmp_path_factory):
     """Same losses at every step with and without --eval_every (the evaluation's data loader would
     otherwise draw from the random stream that dropout and the next epoch's shuffling use), and
@@ -145,6 +146,7 @@ def test_evaluating_during_training_changes_nothing_in_training(tmp_path, tmp_pa
     assert {"eval_by_train_seconds/f1", "eval_by_train_seconds/exact_match"} <= tags, tags
 
 
+@pytest.mark.slow
 def test_never_reached_target_is_null(tmp_path, tmp_path_factory):
     out = _run(tmp_path, _env(tmp_path_factory), "unreached", ["--eval_every", "0.5", "--target_f1", "99.9",
                                                                "--num_train_epochs", "1"])
