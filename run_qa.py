@@ -29,7 +29,7 @@ from qa.collate import BucketPaddingCollator, add_length_column  # noqa: E402
 from qa.config import finalize, parse_args  # noqa: E402
 from qa.data import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
-from qa.features import prepare_train_features, prepare_validation_features  # noqa: E402
+from qa.features import check_tokenizer, prepare_train_features, prepare_validation_features  # noqa: E402
 from qa.io import atomic_write_json  # noqa: E402
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
 from qa.postprocess import PostProcessing  # noqa: E402
@@ -93,6 +93,7 @@ def run(argv):
         model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root,
                                                     training=training_args.do_train,
                                                     compile=training_args.torch_compile)
+        check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
         check_model_and_tokenizer(model, tokenizer, data_args)
         checkpoint = None
         if training_args.do_train:  # chosen, verified, and damaged ones moved aside, once for all ranks

@@ -11,31 +11,12 @@ id of their question and, per token, the character span in the context (None out
 context), which is all that post-processing needs to turn logits back into answer text.
 """
 from .errors import InputError
+from .settings import check_window
 
 # Every feature starts with the tokenizer's CLS token (check_tokenizer refuses a tokenizer whose
 # pair template does not, and features are always padded on the right), so windows without the
 # answer, unanswerable questions and post-processing's SQuAD v2 null score all use position 0.
 CLS_INDEX = 0
-PAIR_SPECIAL_TOKENS = 3  # BERT's [CLS] q [SEP] c [SEP]; check_tokenizer counts the tokenizer's own
-
-
-def check_window(max_seq_length: int, doc_stride: int, max_query_length: int,
-                 special_tokens: int = PAIR_SPECIAL_TOKENS) -> None:
-    """Fail early, with the fix, on settings the tokenizer would reject mid-run: each value by its
-    rule (qa.settings), then the room the longest question leaves for the context."""
-    from .settings import SETTINGS
-
-    for name, value in (("max_query_length", max_query_length), ("doc_stride", doc_stride)):
-        SETTINGS[name].check(name, value, {})
-    # The longest question leaves this much room for the context.
-    room = max_seq_length - max_query_length - special_tokens
-    if room <= 0 or doc_stride >= room:
-        raise InputError(
-            f"doc_stride={doc_stride}, max_seq_length={max_seq_length}, max_query_length={max_query_length}",
-            f"doc_stride must be smaller than the context room max_seq_length - max_query_length - "
-            f"{special_tokens} = {room}",
-            f"lower doc_stride (e.g. {max(1, room // 2)}) or max_query_length, or raise max_seq_length",
-        )
 
 
 def question_first(tokenizer) -> bool:

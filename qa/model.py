@@ -262,13 +262,10 @@ def usable_positions(model):
 
 
 def check_model_and_tokenizer(model, tokenizer, data_args) -> None:
-    """Refuse, before anything runs, the settings this model and tokenizer would reject mid-run:
-    a tokenizer whose features would be mislabelled, a window its pair template leaves no room
-    for, sequences longer than the model's positions, token types the model has no embedding for."""
-    from .features import check_tokenizer
-
+    """Refuse, before anything runs, the settings this model would reject mid-run with this
+    tokenizer: sequences longer than the model's positions, token types it has no embedding for
+    (the tokenizer's own template: qa.features.check_tokenizer)."""
     name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "the model"
-    check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
     where = f"max_seq_length={data_args.max_seq_length}"
     positions = usable_positions(model)
     if positions is not None and data_args.max_seq_length > positions:

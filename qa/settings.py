@@ -335,6 +335,23 @@ def check_settings(values: dict) -> None:
         if name in values:
             rule.check(name, values[name], values)
     if all(k in values for k in ("max_seq_length", "doc_stride", "max_query_length")):
-        from .features import check_window
-
         check_window(values["max_seq_length"], values["doc_stride"], values["max_query_length"])
+
+
+PAIR_SPECIAL_TOKENS = 3  # BERT's [CLS] q [SEP] c [SEP]; qa.features.check_tokenizer counts the tokenizer's own
+
+
+def check_window(max_seq_length: int, doc_stride: int, max_query_length: int,
+                 special_tokens: int = PAIR_SPECIAL_TOKENS) -> None:
+    """Fail early, with the fix, on window settings the tokenizer would reject mid-run: each value
+    by its rule, then the room the longest question leaves for the context."""
+    for name, value in (("max_query_length", max_query_length), ("doc_stride", doc_stride)):
+        SETTINGS[name].check(name, value, {})
+    room = max_seq_length - max_query_length - special_tokens
+    if room <= 0 or doc_stride >= room:
+        raise InputError(
+            f"doc_stride={doc_stride}, max_seq_length={max_seq_length}, max_query_length={max_query_length}",
+            f"doc_stride must be smaller than the context room max_seq_length - max_query_length - "
+            f"{special_tokens} = {room}",
+            f"lower doc_stride (e.g. {max(1, room // 2)}) or max_query_length, or raise max_seq_length",
+        )
