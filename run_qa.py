@@ -76,9 +76,9 @@ def run(argv):
                               ("test", training_args.do_predict)) if on]
     if not splits:
         raise InputError("arguments", "nothing to do", "pass --do_train, --do_eval and/or --do_predict")
-    if run_args.eval_every is not None and not (training_args.do_train and training_args.do_eval):
+    if run_args.eval_every is not None and training_args.do_train and not training_args.do_eval:
         raise InputError(f"eval_every={run_args.eval_every:g}", "evaluates during training, on the validation "
-                         "split", "pass --do_train and --do_eval with it, or leave --eval_every out")
+                         "split", "pass --do_eval with it, or leave --eval_every out")
 
     # One run per output folder: rank 0 takes its lock before anything is written there, and every
     # rank learns whether it got it. A folder the lock created is removed again if the run stops

@@ -146,6 +146,7 @@ jl_launch() {
   port=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 10000))}  # below the ephemeral port range
   jl_note "strategy $STRATEGY: $NNODES node(s) x $NPROC process(es) = world size $JL_WORLD; rendezvous $addr:$port ($first)"
   jl_log_environment
+  JL_TORCHRUN_LOGS=${TMPDIR:-/tmp}/torchrun-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}
   # Every line a worker prints starts with its global rank ([rank3]: ...); torchrun's own copies
   # of the per-rank logs go to node-local scratch.
   export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=${TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE:-'[rank${rank}]: '}
@@ -154,7 +155,7 @@ jl_launch() {
     torchrun --nnodes="$NNODES" --nproc_per_node="$NPROC" \
     --rdzv_backend=c10d --rdzv_endpoint="$addr:$port" --rdzv_id="$SLURM_JOB_ID" \
     --max_restarts=0 --shutdown_timeout="${SHUTDOWN_TIMEOUT:-120}" --tee=3 \
-    --log_dir="${TMPDIR:-/tmp}/torchrun-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" \
+    --log_dir="$JL_TORCHRUN_LOGS" \
     "$REPO_DIR/run_qa.py" "$CONFIG" "${RUN_QA_ARGS[@]}"
 }
 
@@ -231,6 +232,21 @@ jl_run() {
       exit "$rc"
     fi
   fi
-  jl_record_time "$rc" "$([[ -n $JL_SIGNALED ]] && echo interrupted || echo failed)"
+  local outcome=failed refusal
+  if [[ -n $JL_SIGNALED ]]; then
+    outcome=interrupted
+  elif refusal=$(jl_refusal); then  # torchrun reports it as its own status 1, after a traceback
+    outcome=refused rc=2
+    jl_log "run_qa.py refused to start: ${refusal#error: }"
+  fi
+  jl_record_time "$rc" "$outcome"
   exit "$rc"
+}
+
+# The one-line `error:` with which rank 0's run_qa.py refused its input (status 2: a bad setting,
+# or the output folder held by another run), from torchrun's copy of its stderr; nothing otherwise.
+jl_refusal() {
+  local log
+  log=$(ls -t "${JL_TORCHRUN_LOGS:-/nonexistent}"/*/attempt_*/0/stderr.log 2>/dev/null | head -n1)
+  [[ -n $log ]] && grep -m1 '^error: ' "$log"
 }

@@ -128,7 +128,8 @@ class RunArguments:
         metadata={"help": "Evaluate during training every this much (below 1: a fraction of an epoch, e.g. 0.25; "
                   "from 1: optimizer steps) and at the last step, on a clock that stops while evaluating: each "
                   "evaluation records the training seconds so far, step, features seen, F1 and EM "
-                  "(time_to_accuracy.json, eval_by_train_seconds/* in TensorBoard). Needs --do_eval."})
+                  "(time_to_accuracy.json, eval_by_train_seconds/* in TensorBoard). Needs --do_eval; a run that does not "
+                  "train ignores it."})
     eval_every_questions: Optional[int] = field(
         default=None,
         metadata={"help": "With --eval_every: evaluate during training on the first N validation questions (every "

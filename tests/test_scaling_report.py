@@ -391,6 +391,18 @@ def test_run_in_two_parts_is_not_counted(tmp_path):
     assert status == "resumed" and "ran in 2 parts" in reason and "job 102 interrupted" in reason
 
 
+def test_a_refused_duplicate_job_is_not_a_part_of_the_run(tmp_path):
+    """A second job submitted into the same folder is refused by the run's lock (exit 2) and leaves
+    its own line in job_time.jsonl: the run still counts, in one part."""
+    study = make_study(tmp_path, {k: v for k, v in RUNS.items() if k.startswith(("ddp-1x1", "ddp-1x2-r1"))})
+    lines = [{"job_id": "102", "restart": 0, "outcome": "completed"},
+             {"job_id": "140", "restart": 0, "exit_code": 2, "outcome": "refused"}]
+    (study / "ddp-1x2-r1" / "job_time.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert report.main([str(study), "--no-slurm"]) == 0
+    summary = json.loads((study / report.SUMMARY).read_text())
+    assert {r["name"]: r["status"] for r in summary["runs"]}["ddp-1x2-r1"] == "ok"
+
+
 def test_global_batch_mismatch_is_flagged(tmp_path):
     runs = {k: v for k, v in RUNS.items() if k.startswith(("ddp-1x1", "ddp-1x2"))}
     study = make_study(tmp_path, runs)

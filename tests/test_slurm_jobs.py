@@ -36,7 +36,6 @@ import pytest
 
 from tests.helpers import REPO
 
-pytestmark = pytest.mark.slow  # jobs on a real local SLURM cluster: minutes
 
 try:
     from tests.slurm_fixture import TERMINAL, alive, slurm_cluster  # noqa: F401  (registers the fixture)
@@ -392,6 +391,7 @@ def test_launcher_passes_global_batch_after_checking_it():
 # ---------------------------------------------------------------------------------------------
 # On the local SLURM cluster: finding the repository from the spool folder's copy
 
+@pytest.mark.slow  # a real local SLURM cluster
 @pytest.mark.parametrize("script", [FT3.name, DDP.name])
 def test_repository_found_from_submitted_path(slurm_cluster, env_file, tmp_path, script):
     """sbatch runs a copy of the script from the node's spool folder. scontrol's Command= is the
@@ -448,6 +448,7 @@ def ddp12_run(slurm_cluster, env_file, tmp_path_factory):
     return job
 
 
+@pytest.mark.slow  # a real local SLURM cluster
 def test_ft3_completes_with_results(ft3_run):
     job = ft3_run
     job.completed()
@@ -480,6 +481,7 @@ def test_ft3_completes_with_results(ft3_run):
     assert "SLURM_GPUS_ON_NODE=1" in out and "HF_HOME=" in out
 
 
+@pytest.mark.slow  # a real local SLURM cluster
 def test_ddp_one_node_two_processes(ddp12_run, ft3_run):
     job = ddp12_run
     job.completed()
@@ -531,6 +533,7 @@ def _check_requeued(job, reference):
     return log, step
 
 
+@pytest.mark.slow  # a real local SLURM cluster
 def test_ft3_requeue_resumes(slurm_cluster, env_file, tmp_path, ft3_run):
     ft3_run.completed()
     job = submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1",
@@ -543,6 +546,7 @@ def test_ft3_requeue_resumes(slurm_cluster, env_file, tmp_path, ft3_run):
     assert "restart 1: --resume auto" in log  # the requeued run resumes even after --resume never
 
 
+@pytest.mark.slow  # a real local SLURM cluster
 def test_ddp_two_nodes_requeue_resumes(slurm_cluster, env_file, tmp_path, ddp12_run):
     """2 nodes x 1 process, interrupted and resumed, ends like the uninterrupted 1 x 2 run (same
     world size, same data order): both runs of the job had every rank joined."""
@@ -571,6 +575,7 @@ def test_ddp_two_nodes_requeue_resumes(slurm_cluster, env_file, tmp_path, ddp12_
 # ---------------------------------------------------------------------------------------------
 # Failure and strategy
 
+@pytest.mark.slow  # a real local SLURM cluster
 def test_failing_rank_ends_two_node_job_promptly(slurm_cluster, env_file, tmp_path):
     job = submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "2", "--gres=gpu:a100:1",
                  CONFIG=CONFIG, OUTPUT_DIR=tmp_path / "out")
@@ -587,6 +592,27 @@ def test_failing_rank_ends_two_node_job_promptly(slurm_cluster, env_file, tmp_pa
     assert not (job.out / "all_results.json").exists()
 
 
+@pytest.mark.slow  # a real local SLURM cluster
+def test_a_second_job_into_a_running_jobs_folder_is_refused(slurm_cluster, env_file, tmp_path):
+    """A job submitted twice: the second finds the output folder's lock held by the first (another
+    SLURM job), stops with one line and exit 2, and records itself as refused; the first finishes."""
+    first = submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1", args=[
+        CONFIG, "--output_dir", str(tmp_path / "out"), "--num_train_epochs", "8"])  # still training when the second comes
+    first.wait_checkpoint(10)
+    second = submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1", args=[CONFIG, "--output_dir",
+                                                                                       str(tmp_path / "out")])
+    info = second.wait(timeout=300)
+    assert info["JobState"] == "FAILED", f"{info}\n{second.tail()}"
+    refusals = [line for line in second.log("err").splitlines() if "error: " in line and "run.lock" in line]
+    assert len(refusals) == 1 and f"SLURM job {first.id}" in refusals[0], second.tail()
+    assert info["ExitCode"] == "2:0" and "run_qa.py refused to start: " in second.log(), second.tail()
+    first.wait()
+    first.completed()
+    outcomes = {(t["job_id"], t["outcome"], t["exit_code"]) for t in job_times(first.out)}
+    assert outcomes == {(second.id, "refused", 2), (first.id, "completed", 0)}, outcomes
+
+
+@pytest.mark.slow  # a real local SLURM cluster
 def test_fsdp_and_global_batch(slurm_cluster, env_file, tmp_path):
     """As far as CPU goes: accelerate runs FSDP only on GPUs (here it falls back to DDP)."""
     job = submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "1", "--gres=gpu:a100:2",

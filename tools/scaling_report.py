@@ -117,7 +117,10 @@ def read_run(study: Path, entry: dict) -> dict:
     else:
         run["results"] = results
         run["problem"] = mismatch(run)
-        parts = _job_parts(folder / "job_time.jsonl")
+        # A line per run of the job (a requeued job keeps its id); a line of another job id is a duplicate
+        # submission that the run's lock refused, not a part of this run.
+        parts = [p for p in _job_parts(folder / "job_time.jsonl")
+                 if not entry.get("job_id") or str(p.get("job_id")) == str(entry["job_id"])]
         if run["problem"] is None and len(parts) > 1:   # job_ddp.sh appends a line per run of the job
             run["problem"] = (f"resumed: ran in {len(parts)} parts (job_time.jsonl: "
                               + ", ".join(f"job {p.get('job_id')} {p.get('outcome')}" for p in parts)
