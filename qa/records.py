@@ -102,11 +102,14 @@ def results_markdown(results: dict, env: dict) -> str:
             ("SLURM job", env["slurm"].get("SLURM_JOB_ID")), ("git commit", env["git_commit"]),
             ("wall clock, whole run", fmt("WALL_CLOCK_SECONDS", " s", 1))]
     if cfg.get("do_train"):
+        # The Trainer's clock runs through evaluations during training; say so where there were some.
+        evals = results.get("eval_during_training_count")
         rows += [
             ("training data", split_source(cfg, "train")),
             ("training questions (features)", _count_pair(results, "train_examples", "train_features")),
-            ("training time", fmt("train_runtime", " s", 1)),
-            ("training samples/s (features)", fmt("train_samples_per_second")),
+            ("training time (evaluations included)" if evals else "training time", fmt("train_runtime", " s", 1)),
+            ("training samples/s (features, evaluations included)" if evals else "training samples/s (features)",
+             fmt("train_samples_per_second")),
             ("training real tokens/s", fmt("train_real_tokens_per_second", "", 0)),
             ("mean optimizer step time", fmt("train_step_time_mean_s", " s", 4)),
             ("data-loading share (of step + data time)", fmt("train_data_loading_share", "", 3)),

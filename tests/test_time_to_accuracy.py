@@ -135,7 +135,9 @@ def test_evaluating_during_training_changes_nothing_in_training(tmp_path, tmp_pa
     assert res["target_f1"] == 1.0 and res["train_seconds_to_target_f1"] is not None
     assert res["train_seconds_to_target_f1"] <= res["train_seconds_to_target_f1_at_evaluation"]
     assert res["eval_examples"] == 100  # the final evaluation takes every validation question again
-    assert "training time to F1 1" in (timed / "results.md").read_text()
+    summary = (timed / "results.md").read_text()
+    assert "training time to F1 1" in summary and "| training time (evaluations included) |" in summary
+    assert "| training time |" in (plain / "results.md").read_text()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tags = set()
