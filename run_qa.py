@@ -34,7 +34,7 @@ from qa.io import atomic_write_json  # noqa: E402
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
 from qa.postprocess import PostProcessing  # noqa: E402
 from qa.preemption import EXIT_INTERRUPTED  # noqa: E402
-from qa.ranks import on_main_rank  # noqa: E402
+from qa.ranks import close_process_group, on_main_rank  # noqa: E402
 from qa.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
 from qa.runlock import RunLock  # noqa: E402
 from qa.telemetry import token_stats, train_throughput  # noqa: E402
@@ -169,6 +169,7 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
     if main:
         results = finish_run(out, time.perf_counter() - WALL_START, env)
         logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
+    close_process_group()
     return 0
 
 
