@@ -112,7 +112,9 @@ def replace_log_printer(trainer, callback) -> bool:
 @contextlib.contextmanager
 def held_records(logger_name: str, contains: str):
     """While the block runs, the records of logger `logger_name` whose message contains
-    `contains` are held back in the list it yields instead of being shown; `release` shows them."""
+    `contains` are held back in the list it yields instead of being shown; `release` shows them.
+    A block that fails shows them itself, once the hold is lifted: they explain the error (shown
+    while the hold is on, each one would be held again, and released again, without end)."""
     held = []
 
     class _Hold(logging.Filter):
@@ -126,8 +128,11 @@ def held_records(logger_name: str, contains: str):
     target.addFilter(hold)
     try:
         yield held
-    finally:
+    except BaseException:
         target.removeFilter(hold)
+        release(held)
+        raise
+    target.removeFilter(hold)
 
 
 def release(records, terminal=None) -> None:

@@ -202,12 +202,8 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
         # BERT (no QA head yet, a pooler QA does not use) reads like a failure: it is held back
         # and shown only when the loading is not what a run expects (_report_loading).
         with held_records(TRANSFORMERS_LOADING_LOGGER, LOAD_REPORT_MARK) as report:
-            try:
-                model, info = AutoModelForQuestionAnswering.from_pretrained(
-                    path, output_loading_info=True, **kwargs, **model_kwargs)
-            except BaseException:
-                release(report)  # the table explains the error
-                raise
+            model, info = AutoModelForQuestionAnswering.from_pretrained(
+                path, output_loading_info=True, **kwargs, **model_kwargs)
     except (OSError, ValueError, ImportError) as err:
         kernel = model_kwargs.get("attn_implementation")
         message = str(err).lower()

@@ -137,6 +137,24 @@ def test_load_report_shown_only_when_unexpected(case, tmp_path):
         assert "bert.encoder.layer.1" in said[0].getMessage() and "bert.encoder.layer.1" in reports[0]
 
 
+
+def test_a_failed_load_shows_the_report_once_and_raises(tmp_path):
+    """A checkpoint whose weights do not fit its config: transformers logs its table, then
+    raises. The table is shown once and the error reaches the caller (held records that were
+    shown while still held used to be held again, and the loading never ended)."""
+    from transformers import BertConfig, BertModel
+
+    folder = _base_bert(tmp_path / "base")
+    config = BertConfig.from_pretrained(folder)
+    config.type_vocab_size = 3  # the saved token-type embeddings have 2 rows
+    config.save_pretrained(folder)
+    code = ("import logging, sys; from qa.args import ModelArguments; from qa.model import load_model_and_tokenizer; "
+            "logging.basicConfig(); load_model_and_tokenizer(ModelArguments(sys.argv[1]), work_dir=sys.argv[2])")
+    proc = subprocess.run([sys.executable, "-c", code, str(folder), str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert proc.returncode != 0 and "Traceback" in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("LOAD REPORT") == 1 and "MISMATCH" in proc.stderr.upper(), proc.stderr[-3000:]
+
 # ---------------------------------------------------------------------------------------------
 # A real run, its output in a file as a SLURM job's
 
