@@ -316,7 +316,10 @@ class TelemetryCallback(TrainerCallback):
         self._overhead_at_mark = self._overhead()
 
     def _count_batch(self, module, args, kwargs):
-        if not (self._training and module.training):
+        # Only the batches of optimizer steps (every micro-batch runs between on_step_begin and
+        # on_step_end): the compile warm-up's and the communication measurement's passes, in
+        # training mode before the first step, are set aside with their time.
+        if not (self._training and module.training) or self._step_start is None:
             return
         mask = kwargs.get("attention_mask")
         if mask is None:

@@ -217,6 +217,28 @@ def test_callback_counts_the_batches_the_model_sees():
     assert t.model._forward_pre_hooks == {}  # removed at train end
 
 
+def test_passes_outside_the_optimizer_steps_are_not_counted():
+    """The compile warm-up and the communication measurement run training-mode passes after
+    the telemetry started and before the first step: their time is set aside, and so are their
+    samples and tokens."""
+    import torch
+
+    from qa.telemetry import TelemetryCallback
+
+    t = _Tiny()
+    cb = TelemetryCallback(peak_tflops=1.0)
+    cb.on_train_begin(t.args, t.state, None, model=t.model)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    t.model(input_ids=mask * 5, attention_mask=mask)  # a trial pass before the first step
+    cb.on_step_begin(t.args, t.state, None)
+    t.model(input_ids=mask[:1] * 5, attention_mask=mask[:1])
+    t.state.global_step += 1
+    cb.on_step_end(t.args, t.state, None)
+    t.model(input_ids=mask * 5, attention_mask=mask)  # and one between steps
+    cb.on_train_end(t.args, t.state, None)
+    summary = cb.summary()
+    assert summary["train_real_tokens_batches"] == 4 and summary["train_batches_padding_fraction"] == 0.0
+
 def test_timed_window_counts_only_its_steps():
     import torch
 
