@@ -39,7 +39,7 @@ from qa.records import environment_record, finish_run, save_split_metrics, write
 from qa.runlock import RunLock  # noqa: E402
 from qa.telemetry import token_stats, train_throughput  # noqa: E402
 from qa.time_to_accuracy import first_questions  # noqa: E402
-from trainer_qa import QuestionAnsweringTrainer, check_trainer_contracts  # noqa: E402
+from trainer_qa import QuestionAnsweringTrainer, attributes_set, check_trainer_contracts  # noqa: E402
 
 logger = logging.getLogger("run_qa")
 
@@ -134,7 +134,7 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
         write_environment(out, env)
 
     if training_args.do_train:
-        with evaluated_during_training(trainer, run_args, examples, features):
+        with evaluated_during_training(trainer, run_args):
             result = trainer.train(resume_from_checkpoint=checkpoint)
         stopped_at = callbacks.stopped_at()
         if stopped_at is not None:
@@ -173,20 +173,13 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
     return 0
 
 
-@contextlib.contextmanager
-def evaluated_during_training(trainer, run_args, examples, features):
-    """With --eval_every, the evaluations during training take the first --eval_every_questions
-    validation questions (all when not given); the final evaluation takes them all again."""
-    if run_args.eval_every is None:
-        yield
-        return
-    full = trainer.eval_examples, trainer.eval_dataset
-    trainer.eval_examples, trainer.eval_dataset = first_questions(examples["validation"], features["validation"],
-                                                                  run_args.eval_every_questions)
-    try:
-        yield
-    finally:
-        trainer.eval_examples, trainer.eval_dataset = full
+def evaluated_during_training(trainer, run_args):
+    """With --eval_every_questions, the evaluations during training take the first N validation
+    questions (else all of them); the final evaluation takes them all again."""
+    if run_args.eval_every_questions is None:
+        return contextlib.nullcontext()
+    examples, features = first_questions(trainer.eval_examples, trainer.eval_dataset, run_args.eval_every_questions)
+    return attributes_set(trainer, eval_examples=examples, eval_dataset=features)
 
 
 @command

@@ -135,12 +135,12 @@ class QuestionAnsweringTrainer(Trainer):
 
     def get_eval_dataloader(self, eval_dataset=None):
         # Why: logits pair with features by position; under group_by_length the Trainer would shuffle these too.
-        with _arguments_set(self.args, train_sampling_strategy="random"):
+        with attributes_set(self.args, train_sampling_strategy="random"):
             return super().get_eval_dataloader(eval_dataset)
 
     def get_test_dataloader(self, test_dataset):
         # Why: as in get_eval_dataloader: prediction keeps the features' order.
-        with _arguments_set(self.args, train_sampling_strategy="random"):
+        with attributes_set(self.args, train_sampling_strategy="random"):
             return super().get_test_dataloader(test_dataset)
 
     def _save_checkpoint(self, model, trial):
@@ -151,7 +151,7 @@ class QuestionAnsweringTrainer(Trainer):
             os.remove(marker)  # the same step saved again: incomplete until rewritten
         # The Trainer deletes old checkpoints (save_total_limit) as soon as it has written the new one, before
         # the marker below: a job killed in between would keep no complete checkpoint.
-        with _arguments_set(self.args, save_total_limit=None):
+        with attributes_set(self.args, save_total_limit=None):
             super()._save_checkpoint(model, trial)
         self.accelerator.wait_for_everyone()  # every rank's part (its RNG state, its FSDP shards) is written
         if self.args.should_save:
@@ -227,13 +227,13 @@ class QuestionAnsweringTrainer(Trainer):
 
 
 @contextlib.contextmanager
-def _arguments_set(args, **values):
-    """`args` (TrainingArguments) with `values` for the duration of the block, then as before."""
-    before = {name: getattr(args, name) for name in values}
+def attributes_set(obj, **values):
+    """`obj` (the TrainingArguments, the trainer) with `values` for the duration of the block, then as before."""
+    before = {name: getattr(obj, name) for name in values}
     for name, value in values.items():
-        setattr(args, name, value)
+        setattr(obj, name, value)
     try:
-        yield args
+        yield obj
     finally:
         for name, value in before.items():
-            setattr(args, name, value)
+            setattr(obj, name, value)

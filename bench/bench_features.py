@@ -30,9 +30,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from run_bench import DEV_SET  # the script beside this one
-
-from qa.data.sources import require_squad_dev
+from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,7 +126,7 @@ def markdown(r):
 @command
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dev", type=Path, default=DEV_SET)
+    parser.add_argument("--dev", type=Path, default=squad_dev_path())
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
     args.dev = require_squad_dev(args.dev)

@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from run_bench import DEV_SET  # the script beside this one
 
 from qa.data import read_squad
-from qa.data.sources import require_squad_dev
+from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.features import prepare_validation_features
 from qa.model import bundled_minilm_dir
@@ -48,7 +47,7 @@ def best_of(repeat, fn, *args, **kwargs):
 @command
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dev", type=Path, default=DEV_SET, help="SQuAD v1.1 dev JSON (.gz)")
+    parser.add_argument("--dev", type=Path, default=squad_dev_path(), help="SQuAD v1.1 dev JSON (.gz)")
     parser.add_argument("--v2", action="store_true", help="post-process as SQuAD v2 (null answers)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per implementation (best kept)")
     parser.add_argument("--seed", type=int, default=0)

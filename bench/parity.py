@@ -30,9 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from run_bench import DEV_SET, RESULTS, REFERENCE, _slug, to_flags, variant_settings  # the script beside this one
+from run_bench import RESULTS, REFERENCE, _slug, variant_settings  # the script beside this one
 
-from qa.data.sources import require_squad_dev
+from qa.cmdline import to_flags
+from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.io import read_json
 
@@ -126,7 +127,7 @@ def markdown(report):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="gpu")
-    parser.add_argument("--dev", type=Path, default=DEV_SET)
+    parser.add_argument("--dev", type=Path, default=squad_dev_path())
     parser.add_argument("--model", default="bundled:minilm")
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, from {', '.join(RUNS)}")
     parser.add_argument("--epochs", type=float, default=None)

@@ -45,7 +45,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from qa.cmdline import to_flags  # noqa: F401  (re-exported for parity.py)
+from qa.cmdline import to_flags
 from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.io import read_json
@@ -54,7 +54,6 @@ from qa.flops import mfu, model_flops, peak_flops
 
 REPO = Path(__file__).resolve().parents[1]
 
-DEV_SET = squad_dev_path()  # $SQUAD_DEV, or ../shared/data/squad/dev-v1.1.json.gz beside the repository
 RESULTS = REPO / "bench" / "results"
 FAST_CONFIG = REPO / "configs" / "fast.json"
 
@@ -418,7 +417,7 @@ def main(argv=None):
     parser.add_argument("--size", choices=sorted(SIZES), default="gpu")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated, from {', '.join(DEFAULT_VARIANTS + EXTRA_VARIANTS)}; 'all' for every one")
-    parser.add_argument("--train_file", type=Path, default=DEV_SET,
+    parser.add_argument("--train_file", type=Path, default=squad_dev_path(),
                         help="SQuAD JSON to train on (default: the dev set, whose lengths are the real distribution)")
     parser.add_argument("--dataset_name", default=None, choices=["synthetic"],
                         help="'synthetic' for generated data instead of --train_file (never chosen by itself)")

@@ -33,6 +33,23 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def _timed(run, device, group=None) -> float:
+    """Seconds of run() on this rank, started together with the other ranks of `group`."""
+    dist.barrier(group=group)
+    _sync(device)
+    start = time.perf_counter()
+    run()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _slowest(times, device, group=None) -> list:
+    """Each of `times` as the slowest rank of `group` measured it: a collective ends with its last rank."""
+    gathered = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(gathered, op=dist.ReduceOp.MAX, group=group)
+    return gathered.tolist()
+
+
 def time_allreduce(nbytes: int, dtype: torch.dtype, device, group=None, warmups=WARMUPS, repeats=REPEATS) -> dict:
     """All-reduce of `nbytes` in `dtype` over `group` (default: the whole world): median seconds
     over `repeats`, each the slowest rank's time, and the NCCL-tests bandwidths."""
@@ -43,17 +60,8 @@ def time_allreduce(nbytes: int, dtype: torch.dtype, device, group=None, warmups=
     for _ in range(warmups):
         dist.all_reduce(buffer, group=group)
     _sync(device)
-    times = []
-    for _ in range(repeats):
-        dist.barrier(group=group)
-        _sync(device)
-        start = time.perf_counter()
-        dist.all_reduce(buffer, group=group)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    slowest = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # a collective ends with its last rank
-    seconds = statistics.median(slowest.tolist())
+    times = [_timed(lambda: dist.all_reduce(buffer, group=group), device, group) for _ in range(repeats)]
+    seconds = statistics.median(_slowest(times, device, group))
     algbw = nbytes / seconds / GB
     return {"ranks": ranks, "bytes": nbytes, "dtype": str(dtype).replace("torch.", ""), "s": seconds,
             "algbw_GBps": algbw, "busbw_GBps": busbw_from_algbw(algbw, ranks), "repeats": repeats}
@@ -119,14 +127,12 @@ def exposed_communication(trainer, model, batch: dict, device, repeats=STEP_REPE
     Each pass runs as a training step runs (qa.trial_steps.forward_backward: training mode), so a
     compiled model reuses the training graphs instead of compiling evaluation-mode ones."""
     def step(sync: bool) -> float:
+        def run():
+            with _gradient_sync(model, sync):
+                forward_backward(trainer, model, batch)
+
         model.zero_grad(set_to_none=True)
-        dist.barrier()
-        _sync(device)
-        start = time.perf_counter()
-        with _gradient_sync(model, sync):
-            forward_backward(trainer, model, batch)
-        _sync(device)
-        return time.perf_counter() - start
+        return _timed(run, device)
 
     with rng_kept():
         step(True)
@@ -136,10 +142,8 @@ def exposed_communication(trainer, model, batch: dict, device, repeats=STEP_REPE
             for sync in (True, False):
                 times[sync].append(step(sync))
         model.zero_grad(set_to_none=True)
-    slowest = torch.tensor(times[True] + times[False], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    with_sync, without = (statistics.median(slowest[:repeats].tolist()),
-                          statistics.median(slowest[repeats:].tolist()))
+    slowest = _slowest(times[True] + times[False], device)
+    with_sync, without = statistics.median(slowest[:repeats]), statistics.median(slowest[repeats:])
     return {"step_sync_s": with_sync, "step_nosync_s": without, "exposed_s": max(with_sync - without, 0.0),
             "exposed_share": max(with_sync - without, 0.0) / with_sync if with_sync > 0 else None,
             "step_repeats": repeats}

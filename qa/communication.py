@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 
 from . import comm_measure
 from .flops import gradient_size
+from .ranks import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class CommunicationCallback(TrainerCallback):
             self.record["fsdp_reduce_dtype"] = "not in effect: the run does not shard with FSDP"
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        if not distributed():
             if self.ddp_comm_hook != "none":
                 logger.warning("--ddp_comm_hook %s: not a distributed run, nothing to compress", self.ddp_comm_hook)
             return

@@ -1,7 +1,6 @@
 """Parsing the run's arguments: flags, or a JSON config file optionally followed by flags
 that override it (`run_qa.py configs/reference.json --output_dir runs/x`; qa.cmdline reads them),
 and the run's own defaults (finalize), the global batch among them."""
-import dataclasses
 import logging
 import os
 
@@ -51,11 +50,8 @@ def parse_args(argv):
                          "remove them or run `python run_qa.py --help` for the accepted ones")
     values = vars(namespace)
     check_settings(values)
-    built = []
     try:
-        for dtype in DATACLASSES:
-            names = {f.name for f in dataclasses.fields(dtype) if f.init}
-            built.append(dtype(**{k: v for k, v in values.items() if k in names}))
+        built = parser.parse_dict(values, allow_extra_keys=True)
     except (TypeError, ValueError) as err:  # a combination TrainingArguments refuses
         raise InputError(source, f"invalid arguments: {str(err).splitlines()[0]}",
                          "run `python run_qa.py --help` for the accepted arguments") from None

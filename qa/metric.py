@@ -309,15 +309,15 @@ def _json_type(value):
 def _coverage_note(qids, predictions, args, version_2):
     """Stop when no prediction belongs to the dataset (an F1 of 0 would be printed as if real);
     when only some questions have a prediction, the one line that says how many (else None)."""
+    missing = [qid for qid in qids if qid not in predictions]
+    answered = len(qids) - len(missing)
     present = set(qids)
-    answered = sum(1 for qid in qids if qid in predictions)
     extra = sum(1 for qid in predictions if qid not in present)
     if answered == 0:
         example = f" (e.g. {next(iter(predictions))!r} there, {qids[0]!r} here)" if predictions else ""
         raise InputError(str(args.dataset_file), f"none of its {len(qids)} questions has a prediction in "
                          f"{args.predictions_file}: 0 of {len(qids)} ids matched{example}",
                          "score the predictions made for this dataset (they are keyed by its question ids)")
-    missing = [qid for qid in qids if qid not in predictions]
     notes = []
     if missing and args.only_predicted:
         notes.append(f"--only_predicted: scoring the {answered} of {len(qids)} questions that have a prediction")

@@ -13,6 +13,8 @@ import threading
 import torch
 from transformers import TrainerCallback
 
+from .ranks import distributed
+
 logger = logging.getLogger(__name__)
 
 # run_qa.py's exit status when training stopped on SIGTERM after saving a checkpoint: the run is
@@ -107,7 +109,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
         return bool(value.item())
 
     def _any_rank_received(self, args, step) -> bool:
-        if not _distributed():
+        if not distributed():
             return self.received is not None
         stop = self._read_agreement() if self._pending is not None else False
         if not stop and step % self.check_steps == 0:
@@ -137,7 +139,3 @@ class CheckpointOnSignalCallback(TrainerCallback):
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 
-
-def _distributed() -> bool:
-    return (torch.distributed.is_available() and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size() > 1)

@@ -10,10 +10,15 @@ import torch.distributed as dist
 from .errors import InputError
 
 
+def distributed() -> bool:
+    """A process group of more than one rank is running."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def on_main_rank(fn):
     """fn() on global rank 0; its result, or its InputError, on every rank. Without a process
     group (one process) it is just fn()."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not distributed():
         return fn()
     outcome = [None]
     failure = None

@@ -407,27 +407,31 @@ class TelemetryCallback(TrainerCallback):
             out["peak_mem_gib"] = gib(torch.cuda.max_memory_allocated())
         return out
 
-    def _perf(self, c: dict) -> dict:
+    def _flops(self, c: dict) -> float:
         s = self.shape
+        return model_flops(s["non_embedding_params"], s["layers"], s["hidden"], c["real_tokens"], c["sum_sq"])
+
+    def _perf(self, c: dict) -> dict:
         return perf_metrics(steps=c["steps"], samples=c["samples"], real_tokens=c["real_tokens"],
-                            batch_tokens=c["batch_tokens"],
-                            flops=model_flops(s["non_embedding_params"], s["layers"], s["hidden"], c["real_tokens"],
-                                              c["sum_sq"]),
-                            step_s=c["step_s"], data_s=c["data_s"], peak_flops_per_s=self.peak,
-                            world_size=self.world_size)
+                            batch_tokens=c["batch_tokens"], flops=self._flops(c), step_s=c["step_s"],
+                            data_s=c["data_s"], peak_flops_per_s=self.peak, world_size=self.world_size)
+
+    def _roll_interval(self) -> None:
+        """The counts of the steps since the last log entry move into the total."""
+        self.total.add(self.interval)
+        self.interval = _Counts()
 
     def _close_interval(self) -> dict:
         """The figures of the steps since the last log entry; their counts move into the total."""
         perf = self._perf(self.interval.snapshot())
         perf.update(self._memory())
-        self.total.add(self.interval)
-        self.interval = _Counts()
+        self._roll_interval()
         return perf
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self._training:
             return
-        self._close_interval()
+        self._roll_interval()
         self._training = False
         if self._hook is not None:
             self._hook.remove()
@@ -446,8 +450,7 @@ class TelemetryCallback(TrainerCallback):
             "train_real_tokens_batches": t["real_tokens"],
             "train_real_tokens_per_second_measured": _sig(perf["real_tokens_per_s"]),
             "train_samples_per_second_measured": _sig(perf["samples_per_s"]),
-            "train_model_flops": model_flops(s["non_embedding_params"], s["layers"], s["hidden"], t["real_tokens"],
-                                             t["sum_sq"]),
+            "train_model_flops": self._flops(t),
             "train_tflops_per_device": _sig(perf["tflops_per_device"]),
             "train_mfu": _sig(perf["mfu"]),
             "train_peak_tflops": None if self.peak is None else round(self.peak / 1e12, 2),

@@ -77,6 +77,14 @@ def tail_from_run(run_dir, env: dict):
                    f" x {width} + LayerNorm), all-reduced only once backward ends")
 
 
+def grad_dtype_bytes(name: str, where: str) -> int:
+    """Bytes per gradient element of the dtype `name`; an unknown one is an error naming `where`."""
+    try:
+        return dtype_bytes(name)
+    except ValueError:
+        raise InputError(where, f"unknown dtype {name!r}", "use float32, bfloat16 or float16") from None
+
+
 def run_device(env: dict):
     """(True when the run trained on a CPU, a description of its device) from environment.json."""
     devices = env.get("devices") or {}
@@ -129,11 +137,7 @@ def baseline_from_records(results: dict, env: dict, run_dir, params=None, grad_d
         lines.append("data loading: not recorded (train_data_time_total_s), taken as 0")
 
     dtype_name = results.get("train_grad_dtype") or grad_dtype or "float32"
-    try:
-        dbytes = dtype_bytes(dtype_name)
-    except ValueError:
-        raise InputError(where if results.get("train_grad_dtype") else "--grad_dtype", f"unknown dtype {dtype_name!r}",
-                         "use float32, bfloat16 or float16") from None
+    dbytes = grad_dtype_bytes(dtype_name, where if results.get("train_grad_dtype") else "--grad_dtype")
     grad_bytes = number(results, "train_grad_bytes")
     n_params = number(results, "train_trainable_params")
     if n_params:

@@ -1,5 +1,10 @@
-"""Shared test fixtures: where the real data is, and the bundled tokenizer."""
+"""Shared test fixtures: where the real data is, the bundled tokenizer, and run_qa.py run as a
+process (in the foreground or the background, by python or torchrun) and its output read back."""
+import contextlib
 import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from qa.data.sources import squad_dev_path
@@ -8,6 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 # The official SQuAD v1.1 dev set: $SQUAD_DEV, or ../shared/data/squad/dev-v1.1.json.gz beside the
 # repository (README: "The SQuAD dev set"); tests that need it skip without it.
 DEV_SET = squad_dev_path()
+# Two processes on this machine (gloo on the CPU), for run_qa.py and other scripts.
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,3 +33,41 @@ def minilm_tokenizer():
     from qa.model import bundled_minilm_dir
 
     return AutoTokenizer.from_pretrained(bundled_minilm_dir())
+
+
+def run_qa(args, env, launcher=(sys.executable,), timeout=900):
+    """run_qa.py to the end: the CompletedProcess, with its output as text."""
+    proc = subprocess.run([*launcher, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+@contextlib.contextmanager
+def running(args, env, launcher=(sys.executable,), **popen):
+    """run_qa.py in the background (output piped, as text, unless `popen` says otherwise): the
+    Popen, killed on the way out if it is still running."""
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+    proc = subprocess.Popen([*launcher, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def results(out):
+    return json.loads((out / "all_results.json").read_text())
+
+
+def losses(out):
+    """The training losses a run logged, in order (trainer_state.json's log_history)."""
+    return [e["loss"] for e in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+
+
+def go_offline(monkeypatch, hf_home, drop=()):
+    """For run_qa.main in-process: no network, the Hugging Face cache in `hf_home`, and the
+    variables named in `drop` unset."""
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(hf_home))):
+        monkeypatch.setenv(key, value)
+    for key in drop:
+        monkeypatch.delenv(key, raising=False)

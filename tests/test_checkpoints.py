@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from qa.checkpoints import COMPLETE_MARKER, HASH, check_checkpoint, find_checkpoint, is_verifiable, write_marker
 from qa.errors import InputError
+from tests.helpers import go_offline
 from tests.test_run_qa import TINY
 
 # ---------------------------------------------------------------------------------------------
@@ -122,9 +123,7 @@ def trained(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("trained") / "out"
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"),
-                           ("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_ckpt"))):
-            mp.setenv(key, value)
+        go_offline(mp, tmp_path_factory.getbasetemp() / "hf_ckpt")
         assert main([*COMMON, "--max_steps", "6", "--output_dir", str(out)]) == 0
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     return out
@@ -135,9 +134,7 @@ def run(trained, tmp_path, monkeypatch):
     """A copy of the trained output folder, and run_qa.main on it."""
     from run_qa import main
 
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"),
-                       ("HF_HOME", str(trained.parents[1] / "hf_ckpt"))):
-        monkeypatch.setenv(key, value)
+    go_offline(monkeypatch, trained.parents[1] / "hf_ckpt")
     out = tmp_path / "out"
     shutil.copytree(trained, out)
     return out, lambda *args: main([*COMMON, "--output_dir", str(out), *args])

@@ -11,10 +11,9 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import REPO
-from tests.test_run_qa import TINY, _env, results, run_qa
-
-TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+from tests.helpers import REPO, TORCHRUN, results, run_qa
+from tests.helpers import losses as logged_losses
+from tests.test_run_qa import TINY, _env
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,8 +163,7 @@ def test_switches_are_in_effect_and_training_still_learns(runs):
     # 16-bit gradients change the result a little, not the learning
     assert switched["train_loss"] != plain["train_loss"]
     assert switched["train_loss"] == pytest.approx(plain["train_loss"], rel=0.05)
-    losses = [e["loss"] for e in json.loads((runs["switches"] / "trainer_state.json").read_text())["log_history"]
-              if "loss" in e]
+    losses = logged_losses(runs["switches"])
     assert losses[-1] < 0.75 * losses[0] and all(map(math.isfinite, losses)), losses
 
 

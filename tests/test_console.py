@@ -142,7 +142,7 @@ def test_a_failed_load_shows_the_report_once_and_raises(tmp_path):
     """A checkpoint whose weights do not fit its config: transformers logs its table, then
     raises. The table is shown once and the error reaches the caller (held records that were
     shown while still held used to be held again, and the loading never ended)."""
-    from transformers import BertConfig, BertModel
+    from transformers import BertConfig
 
     folder = _base_bert(tmp_path / "base")
     config = BertConfig.from_pretrained(folder)

@@ -15,9 +15,7 @@ from qa.args import DataArguments
 from qa.data import load_raw_datasets, read_squad
 from qa.data.sources import parse_slice, select_articles
 from qa.errors import InputError
-from tests.helpers import DEV_SET
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import DEV_SET, REPO
 
 # Two articles; contexts with a non-ASCII character, a double space and a newline; one question
 # with two answers (as in dev files), one with an answer at offset 0.

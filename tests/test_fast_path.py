@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.helpers import REPO, minilm_tokenizer
+from tests.helpers import losses as logged_losses
 
 EXAMPLES = {
     "id": [f"q{i}" for i in range(40)],
@@ -287,7 +288,7 @@ def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path):
     assert config["bf16"] and config["attn_implementation"] == "sdpa" and not config["pad_to_max_length"]
     assert config["train_sampling_strategy"] == "group_by_length" and config["per_device_train_batch_size"] == 48
     assert config["optim"] == "adamw_torch_fused" and config["dataloader_persistent_workers"]
-    losses = [h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]
+    losses = logged_losses(out)
     assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, losses
     assert 0 <= results["eval_f1"] <= 100 and results["eval_loss"] > 0
     again = tmp_path / "again"

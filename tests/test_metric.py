@@ -9,7 +9,9 @@ import string
 import pytest
 
 from qa import metric
-from qa.data.sources import is_squad_v2, read_official_squad
+from qa.data.files import WHAT
+from qa.data.normalise import table_from_document
+from qa.io import read_json
 from qa.metric import (
     normalize_answer, scores_from_examples, squad_scores, squad_v1_scores, squad_v2_scores)
 from tests.helpers import DEV_SET as DEV_V11
@@ -386,6 +388,20 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):
 # --------------------------------------------------------------------------------------------
 
 needs_dev = pytest.mark.skipif(not DEV_V11.exists(), reason=f"SQuAD v1.1 dev set not found at {DEV_V11}")
+
+
+def read_official_squad(path) -> dict:
+    """The official (nested) SQuAD JSON as parsed, after the layout checks every reader applies."""
+    obj = read_json(path, WHAT)
+    table_from_document(obj, str(path), require_answers=True)
+    return obj
+
+
+def is_squad_v2(squad_json: dict) -> bool:
+    """Whether parsed official SQuAD JSON is v2.0: version "v2.0", or some question is_impossible."""
+    return squad_json.get("version") == "v2.0" or any(
+        qa.get("is_impossible") is True for article in squad_json["data"]
+        for paragraph in article["paragraphs"] for qa in paragraph["qas"])
 
 
 @pytest.fixture(scope="module")

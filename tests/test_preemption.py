@@ -7,18 +7,15 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import REPO, TORCHRUN, running
 from tests.test_run_qa import _env
 
 pytestmark = pytest.mark.slow  # gloo process groups and torchrun runs: tens of seconds each
-
-TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
 
 
 def _free_port():
@@ -102,24 +99,19 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_with_a_complete_checkpoint(t
     log = tmp_path / "stderr.txt"
     args = [str(REPO / "configs" / "smoke_tiny.json"), "--num_train_epochs", "20", "--do_eval", "false",
             "--report_to", "none", "--save_steps", "5", "--preemption_check_steps", "4", "--output_dir", str(out)]
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen([*TORCHRUN, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=stderr)
-        try:
-            deadline = time.monotonic() + 300
-            pid = None
-            while time.monotonic() < deadline and proc.poll() is None:
-                found = re.search(r"rank 1 of 2 \(gloo backend\) on \S+, pid (\d+)", log.read_text())
-                if found and (out / "checkpoint-10" / "checkpoint_complete.json").exists():
-                    pid = int(found.group(1))
-                    break
-                time.sleep(0.2)
-            assert pid is not None, log.read_text()[-3000:]
-            os.kill(pid, signal.SIGTERM)
-            proc.wait(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with open(log, "w") as stderr, running(args, env, launcher=TORCHRUN, stdout=subprocess.DEVNULL,
+                                           stderr=stderr) as proc:
+        deadline = time.monotonic() + 300
+        pid = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = re.search(r"rank 1 of 2 \(gloo backend\) on \S+, pid (\d+)", log.read_text())
+            if found and (out / "checkpoint-10" / "checkpoint_complete.json").exists():
+                pid = int(found.group(1))
+                break
+            time.sleep(0.2)
+        assert pid is not None, log.read_text()[-3000:]
+        os.kill(pid, signal.SIGTERM)
+        proc.wait(timeout=300)
     text = log.read_text()
     stopped = re.findall(r"signal received: saving checkpoint-(\d+) and stopping", text)
     assert len(stopped) == 2 and len(set(stopped)) == 1, text[-3000:]  # each rank once, the same step

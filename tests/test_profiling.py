@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from tests.helpers import losses as logged_losses
+from tests.helpers import results
 from tests.test_telemetry import PLAIN, tiny_run
 
 # The profiled run differs from the plain one only in --profile (and in giving no --peak_tflops,
@@ -15,10 +17,6 @@ PROFILE = ("--profile", "true", "--profile_wait", "1", "--profile_warmup", "1", 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return tiny_run(tmp_path_factory, *PLAIN), tiny_run(tmp_path_factory, "profiled", *PROFILE)
-
-
-def results(out):
-    return json.loads((out / "all_results.json").read_text())
 
 
 @pytest.mark.slow
@@ -53,8 +51,7 @@ def test_profiling_does_not_change_training(runs):
     a, b = results(plain), results(profiled)
     for key in ("train_loss", "eval_f1", "eval_exact_match", "eval_loss"):
         assert a[key] == b[key], key
-    losses = [[e["loss"] for e in json.loads((o / "trainer_state.json").read_text())["log_history"] if "loss" in e]
-              for o in runs]
+    losses = [logged_losses(o) for o in runs]
     assert losses[0] == losses[1] and len(losses[0]) >= 5
     assert not (plain / "profile").exists()
 

@@ -3,12 +3,10 @@ itself under torchrun, and refuse bad input cleanly."""
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, TORCHRUN, go_offline, results, run_qa
 
 SMOKE = str(REPO / "configs" / "smoke.json")  # the README's main job
 # A tiny random BERT on generated data: seconds per run; used where only agreement matters.
@@ -27,16 +25,6 @@ def _env(tmp_path_factory):
                HF_HOME=str(tmp_path_factory.getbasetemp() / "hf_home"), PYTHONUNBUFFERED="1")
     env.pop("TENSORBOARD_LOGGING_DIR", None)
     return env
-
-
-def run_qa(args, env, launcher=(sys.executable,)):
-    proc = subprocess.run([*launcher, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
-    return proc
-
-
-def results(out):
-    return json.loads((out / "all_results.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +98,7 @@ def test_torchrun_two_processes_match_single_process(tmp_path, tmp_path_factory)
     args = [*TINY, "--do_train", "--do_eval", "--output_dir", str(ddp),
             "--eval_strategy", "epoch", "--save_strategy", "epoch", "--load_best_model_at_end", "true",
             "--metric_for_best_model", "eval_f1", "--ddp_find_unused_parameters", "false"]
-    proc = run_qa(args, env, launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                       "--nproc_per_node", "2"))
+    proc = run_qa(args, env, launcher=TORCHRUN)
     assert proc.returncode == 0, proc.stderr[-4000:]
     record = json.loads((ddp / "environment.json").read_text())
     assert record["distributed"]["WORLD_SIZE"] == "2"
@@ -186,8 +173,7 @@ def test_bad_input_fails_cleanly(case, tmp_path, monkeypatch, capsys):
     from run_qa import main
 
     make, must_mention = BAD_INPUTS[case]
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
-        monkeypatch.setenv(key, value)
+    go_offline(monkeypatch, tmp_path / "hf")
     out = tmp_path / "out"
     base = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic", "--do_train",
             "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32", "--use_cpu", "true"]
@@ -265,9 +251,7 @@ def test_predict_on_unlabelled_questions(kind, tmp_path, monkeypatch):
     the results files written, exit 0 (in-process: a tiny random model, no training)."""
     from run_qa import main
 
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR",))
     version_2 = kind == "official v2.0"
     test_file = (_unlabelled_jsonl(tmp_path / "test.jsonl") if kind == "json lines"
                  else _unlabelled_official(tmp_path / "test.json", version_2))
@@ -302,8 +286,7 @@ def test_torchrun_without_gpu_trains_as_one_gloo_group(tmp_path, tmp_path_factor
     env["CUDA_VISIBLE_DEVICES"] = ""  # the same on a GPU machine with its GPUs hidden
     out = tmp_path / "run"
     proc = run_qa([str(REPO / "configs" / "smoke_tiny.json"), "--use_cpu", "false", "--do_eval", "false",
-                   "--save_strategy", "no", "--report_to", "none", "--output_dir", str(out)], env,
-                  launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
+                   "--save_strategy", "no", "--report_to", "none", "--output_dir", str(out)], env, launcher=TORCHRUN)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "no GPU is visible here: training as one gloo group" in proc.stderr
     record = json.loads((out / "environment.json").read_text())
@@ -321,9 +304,7 @@ def test_written_files_take_the_umask(mask, tmp_path, monkeypatch):
     not the 0600 of temporary files."""
     from run_qa import main
 
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR",))
     out = tmp_path / "out"
     old = os.umask(mask)
     try:

@@ -15,7 +15,7 @@ import pytest
 from qa import runlock
 from qa.errors import InputError
 from qa.runlock import LOCK_NAME, RunLock, process_start, stale_reason, this_run
-from tests.helpers import REPO
+from tests.helpers import TORCHRUN, go_offline, run_qa, running
 from tests.test_run_qa import TINY, _env
 
 # ---------------------------------------------------------------------------------------------
@@ -125,10 +125,7 @@ QUICK = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthet
 
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
-        monkeypatch.setenv(key, value)
-    for key in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TENSORBOARD_LOGGING_DIR"):
-        monkeypatch.delenv(key, raising=False)
+    go_offline(monkeypatch, tmp_path / "hf", drop=("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TENSORBOARD_LOGGING_DIR"))
     return monkeypatch
 
 
@@ -163,11 +160,6 @@ def test_lock_of_a_crashed_run_is_taken_over(tmp_path, offline, caplog):
     assert not (out / LOCK_NAME).exists()
 
 
-def _start(args, env, **kwargs):
-    return subprocess.Popen([sys.executable, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
-
-
 def _wait_for(path, proc, timeout=300):
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -181,21 +173,16 @@ def test_second_run_on_the_same_folder_is_refused(tmp_path, tmp_path_factory):
     """Two real processes: the second refuses at start, naming the first, which finishes fine."""
     env = _env(tmp_path_factory)
     out = tmp_path / "out"
-    first = _start([*TINY, "--do_train", "--max_steps", "40", "--save_strategy", "no", "--report_to", "none",
-                    "--output_dir", str(out)], env)
-    try:
+    with running([*TINY, "--do_train", "--max_steps", "40", "--save_strategy", "no", "--report_to", "none",
+                  "--output_dir", str(out)], env) as first:
         _wait_for(out / LOCK_NAME, first)
-        second = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *TINY, "--do_train", "--output_dir",
-                                 str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        second = run_qa([*TINY, "--do_train", "--output_dir", str(out)], env, timeout=600)
         assert first.poll() is None, "the first run ended before the second started: make it longer"
         assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
         errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and errors[0].startswith(
             f"error: {out}: is in use by another run (host {socket.gethostname()}, pid {first.pid}, started "), errors
         _, stderr = first.communicate(timeout=900)
-    finally:
-        if first.poll() is None:
-            first.kill()
     assert first.returncode == 0, stderr[-3000:]
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 40
     assert not (out / LOCK_NAME).exists()
@@ -210,9 +197,7 @@ def test_refused_torchrun_run_stops_on_every_rank(tmp_path, tmp_path_factory):
     lock = _write_lock(out)
     held = lock.read_text()
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(REPO / "run_qa.py"), *TINY, "--do_train", "--output_dir", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_qa([*TINY, "--do_train", "--output_dir", str(out)], env, launcher=TORCHRUN, timeout=600)
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and all("is in use by another run" in e for e in errors), proc.stderr[-4000:]
@@ -223,16 +208,12 @@ def test_refused_torchrun_run_stops_on_every_rank(tmp_path, tmp_path_factory):
 def test_lock_is_given_back_on_the_sigterm_checkpoint_exit(tmp_path, tmp_path_factory):
     env = _env(tmp_path_factory)
     out = tmp_path / "out"
-    proc = _start([*TINY, "--do_train", "--max_steps", "500", "--save_steps", "2", "--report_to", "none",
-                   "--output_dir", str(out)], env)
-    try:
+    with running([*TINY, "--do_train", "--max_steps", "500", "--save_steps", "2", "--report_to", "none",
+                  "--output_dir", str(out)], env) as proc:
         _wait_for(out / "checkpoint-2" / "checkpoint_complete.json", proc)
         assert (out / LOCK_NAME).is_file()
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 143, stderr[-3000:]
     assert "interrupted by SIGTERM" in stderr and not (out / LOCK_NAME).exists()
 

@@ -15,7 +15,7 @@ import pytest
 from qa.config import DATACLASSES
 from qa.errors import InputError
 from qa.settings import SETTINGS, Number, StepsOrRatio, check_settings, folder_problem
-from tests.helpers import REPO
+from tests.helpers import REPO, go_offline, run_qa
 
 BASE = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic", "--do_train", "--do_eval",
         "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32", "--use_cpu", "true"]
@@ -61,9 +61,7 @@ def _tree(folder):
 
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR",))
     return tmp_path
 
 
@@ -160,8 +158,7 @@ def test_through_a_real_process_and_a_config_file(tmp_path):
     config.write_text(json.dumps({"model_name_or_path": "bundled:tiny-bert", "dataset_name": "synthetic",
                                   "do_train": True, "gradient_accumulation_steps": 0, "use_cpu": True}))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), str(config), "--output_dir", str(tmp_path / "out")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_qa([str(config), "--output_dir", str(tmp_path / "out")], env, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (

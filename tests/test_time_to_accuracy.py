@@ -8,7 +8,10 @@ import time
 import pytest
 
 from qa.time_to_accuracy import TimeToAccuracyCallback, eval_interval, first_questions, time_to_target
-from tests.test_run_qa import TINY, _env, results, run_qa
+from tests.helpers import TORCHRUN, go_offline, results, run_qa
+from tests.helpers import losses as _losses
+from tests.test_run_qa import TINY, _env
+from tests.test_telemetry import scalars
 
 # ---------------------------------------------------------------------------------------------
 # The arithmetic, on hand-made evaluations
@@ -99,10 +102,6 @@ def test_first_questions_keep_every_window():
 # Through run_qa.py
 
 
-def _losses(out):
-    return [e["loss"] for e in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in e]
-
-
 def _run(tmp_path, env, name, extra, launcher=(sys.executable,)):
     out = tmp_path / name
     proc = run_qa([*TINY, "--do_train", "--do_eval", "--logging_steps", "1", "--save_strategy", "no",
@@ -138,13 +137,7 @@ def test_evaluating_during_training_changes_nothing_in_training(tmp_path, tmp_pa
     summary = (timed / "results.md").read_text()
     assert "training time to F1 1" in summary and "| training time (evaluations included) |" in summary
     assert "| training time |" in (plain / "results.md").read_text()
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    tags = set()
-    for folder in {p.parent for p in (timed / "runs").rglob("events.out.tfevents.*")}:
-        acc = EventAccumulator(str(folder))
-        acc.Reload()
-        tags |= set(acc.Tags()["scalars"])
+    tags = set(scalars(timed))
     assert {"eval_by_train_seconds/f1", "eval_by_train_seconds/exact_match"} <= tags, tags
 
 
@@ -166,8 +159,7 @@ def test_never_reached_target_is_null(tmp_path, tmp_path_factory):
 def test_bad_time_to_accuracy_settings_are_one_line(extra, culprit, tmp_path, monkeypatch, capsys):
     from run_qa import main
 
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
-        monkeypatch.setenv(key, value)
+    go_offline(monkeypatch, tmp_path / "hf")
     out = tmp_path / "out"
     assert main([*TINY, "--do_train", *extra, "--output_dir", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -180,10 +172,9 @@ def test_under_torchrun_every_rank_evaluates_and_training_is_unchanged(tmp_path,
     """2 gloo ranks: the evaluations during training run on both (as the final one does) and the
     losses are those of the same run without them."""
     env = _env(tmp_path_factory)
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
-    plain = _run(tmp_path, env, "plain", ["--ddp_find_unused_parameters", "false"], torchrun)
+    plain = _run(tmp_path, env, "plain", ["--ddp_find_unused_parameters", "false"], TORCHRUN)
     timed = _run(tmp_path, env, "timed", ["--ddp_find_unused_parameters", "false", "--eval_every", "0.5",
-                                          "--target_f1", "1"], torchrun)
+                                          "--target_f1", "1"], TORCHRUN)
     assert json.loads((timed / "environment.json").read_text())["distributed"]["WORLD_SIZE"] == "2"
     assert _losses(timed) == _losses(plain)
     assert len(json.loads((timed / "time_to_accuracy.json").read_text())["evaluations"]) == 4

@@ -11,7 +11,8 @@ import pytest
 
 from qa.errors import InputError
 from qa.features import CLS_INDEX, check_tokenizer, prepare_train_features, prepare_validation_features
-from tests.helpers import DEV_SET, dev_set_columns, minilm_tokenizer
+from tests.helpers import DEV_SET, dev_set_columns, go_offline, minilm_tokenizer
+from tests.helpers import losses as logged_losses
 
 WINDOW = dict(max_seq_length=128, doc_stride=32, max_query_length=32)
 SLICE_TITLES = ("Normans", "Teacher")  # long contexts: most questions get several windows
@@ -267,8 +268,7 @@ def _main(monkeypatch, tmp_path, args):
     """run_qa.main in-process (a fresh interpreter would cost ~10 s of imports)."""
     from run_qa import main
 
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
-        monkeypatch.setenv(key, value)
+    go_offline(monkeypatch, tmp_path / "hf")
     return main([*args, "--features_cache_dir", str(tmp_path / "features"), "--use_cpu", "true",
                  "--report_to", "none"])
 
@@ -291,7 +291,7 @@ def test_roberta_trains_and_answers_every_question_through_run_qa(roberta_dir, t
     validation = [i for i, t in enumerate(dev_set_columns()["title"]) if t == "Normans"]
     assert sorted(predictions) == sorted(dev_set_columns()["id"][i] for i in validation)
     assert all(isinstance(p, str) and p for p in predictions.values())
-    losses = [h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]
+    losses = logged_losses(out)
     assert len(losses) >= 3 and losses[-1] < losses[0], losses
     assert 0 <= results["eval_f1"] <= 100 and results["eval_loss"] > 0
 

@@ -33,6 +33,8 @@ from qa.io import read_json
 
 EVENT_GLOB = "events.out.tfevents.*"
 
+TIME_PLOT = "f1_vs_time.png"  # its x axis is the training seconds, and it shows the target
+
 # How a value is drawn: "plain" (matplotlib's limits, widened when the values barely move),
 # "zero" (a quantity >= 0: the axis starts at zero, so its size reads true), "share" (a fraction
 # in [0, 1], shown in percent from zero), "percent" (a score out of 100: the axis is 0-100).
@@ -51,13 +53,13 @@ PLOTS = {
     "eval_f1.png": ("Evaluation", [("score (%)", "percent", [(["eval/f1", "eval_f1"], "F1"),
                                                              (["eval/exact_match", "eval_exact_match"],
                                                               "exact match")])]),
-    "f1_vs_time.png": ("Time to accuracy: the evaluations during training", [
+    TIME_PLOT: ("Time to accuracy: the evaluations during training", [
         ("score (%)", "percent", [(["eval_by_train_seconds/f1"], "F1"),
                                   (["eval_by_train_seconds/exact_match"], "exact match")])]),
 }
 # Plots whose x axis is not the optimizer step (qa/time_to_accuracy.py logs its scores with the
 # training seconds as the step).
-X_LABELS = {"f1_vs_time.png": "training seconds (evaluations excluded)"}
+X_LABELS = {TIME_PLOT: "training seconds (evaluations excluded)"}
 # The other train/perf/* figures (performance.png), by the last part of their tag.
 PERF_PANELS = {
     "step_time_s": ("optimizer step time (s)", "zero"),
@@ -224,7 +226,7 @@ def figures(scalars, target=None) -> dict:
         fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 3.6 * rows), squeeze=False)
         for ax, (ylabel, kind, curves) in zip(axes.flat, panels):
             _draw_panel(ax, scalars, ylabel, kind, curves, X_LABELS.get(name, X_LABEL))
-            if name == "f1_vs_time.png" and target:
+            if name == TIME_PLOT and target:
                 draw_target(ax, target)
         for ax in list(axes.flat)[len(panels):]:
             ax.axis("off")

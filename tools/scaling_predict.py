@@ -39,10 +39,10 @@ from pathlib import Path
 from qa.bandwidth import GB
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, read_json
-from scaling.baseline import baseline_from_records, number, run_device
+from scaling.baseline import baseline_from_records, grad_dtype_bytes, number, run_device
 from scaling.model import (BACKWARD_SHARE, BERT_BASE_EMBEDDING_PARAMS, BERT_BASE_QA_PARAMS, DDP_BUCKET_BYTES,
                            FSDP_UNITS, FT3_INTER_BUSBW, FT3_INTRA_BUSBW, FT3_LATENCY_US, FT3_SOURCES, STRATEGIES,
-                           Baseline, Settings, busbw_for_speedup, dtype_bytes, parse_shape, parse_what_if, predict,
+                           Baseline, Settings, busbw_for_speedup, parse_shape, parse_what_if, predict,
                            ring_busbw)
 
 DEFAULT_SHAPES = "1x2 2x1 2x2 4x2 8x2"
@@ -131,7 +131,7 @@ def _read_json(path: Path, what: str) -> dict:
 
 
 def baseline_from_run(run_dir: Path, params=None, grad_dtype=None, tail_params=None, cpu_baseline=False):
-    """(Baseline, input lines, notes) from a 1-GPU run's all_results.json and environment.json.
+    """(Baseline, input lines, notes, whether it ran on a CPU) from a 1-GPU run's all_results.json and environment.json.
 
     A run that trained on a CPU is refused unless `cpu_baseline`: a CPU step is tens of times a
     GPU's, so the communication would hide behind it and every shape would come out near 100%
@@ -157,7 +157,7 @@ def baseline_from_run(run_dir: Path, params=None, grad_dtype=None, tail_params=N
                      "slower than the GPU defaults: measure it with --calibration); a GPU computes a step tens of "
                      "times faster, so on GPUs communication weighs far more and the speedups are lower than here.")
     base, lines = baseline_from_records(results, env, run_dir, params, grad_dtype, tail_params)
-    return base, lines, notes
+    return base, lines, notes, on_cpu
 
 
 def baseline_from_flags(args):
@@ -172,11 +172,7 @@ def baseline_from_flags(args):
         compute, how = per_step - args.data_time, f"--samples_per_s {args.samples_per_s:g} --batch {args.batch}"
     else:
         compute, how = args.step_time, f"--step_time {args.step_time:g} --batch {args.batch}"
-    try:
-        dbytes = dtype_bytes(args.grad_dtype or "float32")
-    except ValueError:
-        raise InputError("--grad_dtype", f"unknown dtype {args.grad_dtype!r}",
-                         "use float32, bfloat16 or float16") from None
+    dbytes = grad_dtype_bytes(args.grad_dtype or "float32", "--grad_dtype")
     n_params = args.params or BERT_BASE_QA_PARAMS
     tail = args.tail_params or BERT_BASE_EMBEDDING_PARAMS
     lines = [f"1 GPU: {how}: {compute * 1e3:.2f} ms of compute + {args.data_time * 1e3:.2f} ms of data loading "
@@ -285,11 +281,11 @@ def main(argv=None):
                                      or args.batch is not None):
         raise InputError("command line", "RUN_DIR and --step_time/--samples_per_s/--batch both given",
                          "give a 1-GPU run folder, or the figures by hand, not both")
-    notes = []
+    notes, on_cpu = [], False
     if args.run_dir is None:
         base, inputs = baseline_from_flags(args)
     else:
-        base, inputs, notes = baseline_from_run(args.run_dir, args.params, args.grad_dtype, args.tail_params,
+        base, inputs, notes, on_cpu = baseline_from_run(args.run_dir, args.params, args.grad_dtype, args.tail_params,
                                                 args.cpu_baseline)
     shapes, what_ifs = _shapes(args.shapes), _what_ifs(args.what_if)
 
@@ -350,13 +346,13 @@ def main(argv=None):
                                                                      args.target_speedup)
                 rows.append(row)
     print(markdown(base, rows, args.target_speedup, inputs, assumptions, notes,
-                   unit="1 CPU process" if notes else "1 GPU"))
+                   unit="1 CPU process" if on_cpu else "1 GPU"))
     if args.json is not None:
         atomic_write_json(args.json, {
             "baseline": {"compute_s": base.compute_s, "data_s": base.data_s, "batch": base.batch,
                          "params": base.params, "grad_dtype_bytes": base.grad_dtype_bytes,
                          "grad_bytes": base.grad_bytes, "tail_params": base.tail_params,
-                         "samples_per_s": base.samples_per_s, "on_cpu": bool(notes)},
+                         "samples_per_s": base.samples_per_s, "on_cpu": on_cpu},
             "bandwidths_GBps": {"intra": intra, "inter": inter},
             "settings": {"latency_s": settings.latency_s, "overlap": settings.overlap,
                          "backward_share": settings.backward_share, "bucket_bytes": settings.bucket_bytes,

@@ -276,19 +276,20 @@ def group_rows(runs):
         def col(key):
             return [v for v in (as_number(x.get(key)) for x in res) if v is not None]
 
-        targets = sorted({t for t in col("target_f1")})
+        targets = sorted(set(col("target_f1")))
         to_target = col("train_seconds_to_target_f1")
+        times = [training_seconds(x) for x in res]
 
         rows.append({
             "strategy": strategy, "nodes": nodes, "gpus_per_node": per_node, "gpus": nodes * per_node,
             "expected": len(members), "ok": len(ok), "runs": [r["name"] for r in ok],
             "global_batch": sorted({b for b in map(global_batch, ok) if b is not None}),
-            "train_runtime": _spread([training_seconds(x) for x in res]),
+            "train_runtime": _spread(times),
             "wall_clock": _spread(col("WALL_CLOCK_SECONDS")),
             "samples_per_second": _spread(col("train_samples_per_second")),
             "real_tokens_per_second": _spread(col("train_real_tokens_per_second")),
             "eval_f1": _spread(col("eval_f1")), "eval_exact_match": _spread(col("eval_exact_match")),
-            "repeat_train_runtime": [training_seconds(x) for x in res],
+            "repeat_train_runtime": times,
             "target_f1": targets, "target_reached": len(to_target), "time_to_target": _spread(to_target),
         })
     return rows
@@ -493,10 +494,11 @@ def runs_section(runs, base_median):
     for r in ok:
         x = r["results"]
         node_list = ((r["env"] or {}).get("slurm") or {}).get("SLURM_JOB_NODELIST", "—")
-        speed = base_median / training_seconds(x) if base_median else None
+        seconds = training_seconds(x)
+        speed = base_median / seconds if base_median else None
         to_target = "—" if x.get("target_f1") is None else (
             "not reached" if x.get("train_seconds_to_target_f1") is None else _f(x["train_seconds_to_target_f1"]))
-        lines.append(f"| {r['name']} | {r.get('job_id', '?')} | {node_list} | {_f(training_seconds(x))} | "
+        lines.append(f"| {r['name']} | {r.get('job_id', '?')} | {node_list} | {_f(seconds)} | "
                      f"{_f(as_number(x.get('WALL_CLOCK_SECONDS')))} | {_f(as_number(x.get('train_samples_per_second')))} | "
                      f"{_f(as_number(x.get('train_real_tokens_per_second')), 0)} | {_f(speed, 2)} | "
                      f"{_f(as_number(x.get('eval_f1')), 2)} | {_f(as_number(x.get('eval_exact_match')), 2)} | "

@@ -3,7 +3,7 @@
 Official nested SQuAD, flat records (JSON, JSON Lines) and columns (CSV, parquet, the Hub) all
 become one `Table`: the columns of the Hub's `rajpurkar/squad`, each question's answers as
 `{"text": [...], "answer_start": [...]}` whatever form they came in, and where each row came from
-for the messages. The accepted forms are listed in qa/data/__init__.py.
+for the messages. The accepted forms are listed in docs/data.md.
 """
 import json
 import numbers

@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import InputError
-from ..io import read_json
-from .files import WHAT, read_raw_file
-from .normalise import COLUMNS, squad_features, table_from_columns, table_from_document, table_from_nested, \
-    table_from_raw
+from .files import read_raw_file
+from .normalise import COLUMNS, squad_features, table_from_columns, table_from_nested, table_from_raw
 from .validate import validate
 
 SPLITS = ("train", "validation", "test")
@@ -117,10 +115,10 @@ class SquadFile:
 
 def read_squad(path, version_2_with_negative: Optional[bool] = None, require_answers: bool = True,
                check_answer_spans: bool = True) -> SquadFile:
-    """Read and validate one data file in any accepted format (see qa/data/__init__.py).
+    """Read and validate one data file in any accepted format (see docs/data.md).
 
     `version_2_with_negative` None: as the file declares itself (what the official scorers do).
-    `require_answers` False: the file may be unlabelled (see qa/data/__init__.py).
+    `require_answers` False: the file may be unlabelled (see docs/data.md).
     `check_answer_spans` False skips only the check that each answer sits at its answer_start:
     scoring compares answer texts, so a position that is off matters to training, not to the metric.
     """
@@ -132,21 +130,6 @@ def read_squad(path, version_2_with_negative: Optional[bool] = None, require_ans
             table.has_answers = False  # v1.1 knows no unanswerable question: empty lists mean no labels
         validate(table, version_2, check_answer_spans)
         return SquadFile(table.to_dataset(), table.version, version_2, table.has_answers)
-
-
-def read_official_squad(path) -> dict:
-    """The official (nested) SQuAD JSON at `path` as parsed, after the layout checks every reader
-    applies."""
-    obj = read_json(path, WHAT)
-    table_from_document(obj, os.fspath(path), require_answers=True)
-    return obj
-
-
-def is_squad_v2(squad_json: dict) -> bool:
-    """Whether parsed official SQuAD JSON is v2.0: version "v2.0", or some question is_impossible."""
-    return squad_json.get("version") == "v2.0" or any(
-        qa.get("is_impossible") is True for article in squad_json["data"]
-        for paragraph in article["paragraphs"] for qa in paragraph["qas"])
 
 
 def select_articles(dataset, spec: str, option: str = "--train_articles", source: str = "the data"):
