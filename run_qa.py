@@ -27,6 +27,7 @@ from qa.callbacks import RunCallbacks  # noqa: E402
 from qa.checkpoints import find_checkpoint  # noqa: E402
 from qa.collate import BucketPaddingCollator, add_length_column  # noqa: E402
 from qa.config import finalize, parse_args  # noqa: E402
+from qa.console import configure_logging  # noqa: E402
 from qa.data import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
 from qa.features import check_tokenizer, prepare_train_features, prepare_validation_features  # noqa: E402
@@ -69,8 +70,7 @@ def run(argv):
     # Reading should_log sets up the devices and, in a distributed run, the process group that
     # finalize (the world size) and on_main_rank below need. Logging is configured first so that
     # finalize's notes are shown.
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        level=logging.INFO if training_args.should_log else logging.WARNING)
+    configure_logging(training_args.should_log)
     finalize(training_args, run_args, explicit)
     splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
                               ("test", training_args.do_predict)) if on]

@@ -9,6 +9,9 @@
   as strings (`'loss': '4.63'`); `LogLinesCallback` / `LogLinesProgressCallback` print one JSON
   object per entry instead (`{"step": 10, "loss": 4.63, ...}`), readable and parseable.
 - No pinned memory without an accelerator: torch would warn that it cannot pin anything.
+- One line per log record: transformers' loggers have their own handler and, where the `CI`
+  variable is set, pass each record on to the root logger's as well; `configure_logging` keeps it
+  to theirs, so no line is printed twice.
 - Held log records: `held_records` keeps a library's message back while a block runs, so the
   caller can decide whether it is worth showing (qa.model: transformers' LOAD REPORT table).
 """
@@ -58,6 +61,17 @@ def configure_output(training_args, explicit: set, terminal=None) -> None:
         if "dataloader_pin_memory" in explicit:
             logger.info("dataloader_pin_memory: no GPU or other accelerator here, so there is nothing to pin for; off")
         training_args.dataloader_pin_memory = False
+
+
+def configure_logging(verbose: bool) -> None:
+    """The run's log format and level (INFO when `verbose`), for its own loggers and the
+    libraries' that have none of their own. transformers keeps its handler (its level follows
+    the Trainer's --log_level) and no longer propagates (see the module docstring)."""
+    from transformers.utils import logging as transformers_logging
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        level=logging.INFO if verbose else logging.WARNING)
+    transformers_logging.disable_propagation()
 
 
 def _number(value):

