@@ -37,9 +37,8 @@ def minilm_tokenizer():
 
 def run_qa(args, env, launcher=(sys.executable,), timeout=900):
     """run_qa.py to the end: the CompletedProcess, with its output as text."""
-    proc = subprocess.run([*launcher, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env,
+    return subprocess.run([*launcher, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
-    return proc
 
 
 @contextlib.contextmanager

@@ -137,7 +137,6 @@ def test_load_report_shown_only_when_unexpected(case, tmp_path):
         assert "bert.encoder.layer.1" in said[0].getMessage() and "bert.encoder.layer.1" in reports[0]
 
 
-
 def test_a_failed_load_shows_the_report_once_and_raises(tmp_path):
     """A checkpoint whose weights do not fit its config: transformers logs its table, then
     raises. The table is shown once and the error reaches the caller (held records that were
@@ -156,6 +155,7 @@ def test_a_failed_load_shows_the_report_once_and_raises(tmp_path):
                           text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1", CI="true"))
     assert proc.returncode != 0 and "Traceback" in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.count("LOAD REPORT") == 1 and "MISMATCH" in proc.stderr.upper(), proc.stderr[-3000:]
+
 
 # ---------------------------------------------------------------------------------------------
 # A real run, its output in a file as a SLURM job's
