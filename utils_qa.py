@@ -23,6 +23,9 @@ from qa.settings import check_window  # noqa: F401
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):  # asked for: the help on stdout, and success
+        print(__doc__.strip())
+        return 0
     if not argv or argv[0] != "score":
         print(__doc__.strip(), file=sys.stderr)
         return 2

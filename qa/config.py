@@ -13,6 +13,13 @@ from .errors import InputError
 from .settings import check_settings
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
+# What --help shows first: the form every example uses, a config followed by flags that override it.
+USAGE = "%(prog)s [CONFIG.json] [--ARGUMENT VALUE ...]"
+DESCRIPTION = (
+    "Fine-tune and evaluate a BERT-style model for extractive question answering. CONFIG.json is a JSON "
+    "object of argument names to values (configs/ holds the shipped recipes); the flags after it override "
+    "it, e.g. `run_qa.py configs/reference.json --output_dir runs/ref2 --seed 7`. Without a config every "
+    "argument comes from the flags. Under torchrun the same arguments start one process per GPU.")
 logger = logging.getLogger(__name__)
 
 
@@ -42,7 +49,8 @@ def parse_args(argv):
         logger.warning("%s processes started (WORLD_SIZE) and no GPU is visible here: training as one gloo "
                        "group on the CPU (--use_cpu true)", os.environ["WORLD_SIZE"])
         argv = argv + ["--use_cpu", "true"]
-    parser = _Parser(DATACLASSES, allow_abbrev=False)  # one spelling per flag, as qa.cmdline reads them
+    # One spelling per flag (no abbreviations), as qa.cmdline reads them.
+    parser = _Parser(DATACLASSES, allow_abbrev=False, usage=USAGE, description=DESCRIPTION)
     parser.source = source
     namespace, unknown = parser.parse_known_args(args=argv)  # --help: prints it, SystemExit(0)
     if unknown:
