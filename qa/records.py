@@ -11,12 +11,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .data import split_source
+from .data.sources import synthetic_squad
 from .io import atomic_write_json, atomic_write_text, read_json
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
               "SLURM_GPUS_ON_NODE", "SLURM_RESTART_COUNT", "SLURM_JOB_PARTITION", "SLURM_ARRAY_TASK_ID")
 DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Generated questions a run evaluated or predicted on are written beside its predictions (they
+# exist nowhere else): split -> (the step that reads it, its question limit, the file).
+GENERATED_DATA = {"validation": ("do_eval", "max_eval_samples", "eval_data.json"),
+                  "test": ("do_predict", "max_predict_samples", "predict_data.json")}
 
 
 def _git_commit():
@@ -122,7 +127,7 @@ def results_markdown(results: dict, env: dict) -> str:
         ]
     if cfg.get("do_eval"):
         rows += [
-            ("evaluation data", split_source(cfg, "validation")),
+            ("evaluation data", _data_source(cfg, "validation")),
             ("evaluation questions", fmt("eval_examples", "", 0)),
             ("eval exact match", fmt("eval_exact_match")),
             ("eval F1", fmt("eval_f1")),
@@ -133,7 +138,7 @@ def results_markdown(results: dict, env: dict) -> str:
     if cfg.get("do_predict"):
         answered = results.get("predict_predictions")
         rows += [
-            ("prediction data", split_source(cfg, "test")),
+            ("prediction data", _data_source(cfg, "test")),
             ("predictions", None if answered is None else
              f"{answered:,} of {results.get('predict_examples', answered):,} questions, in predict_predictions.json"),
             ("prediction exact match", fmt("predict_exact_match")),
@@ -147,6 +152,33 @@ def results_markdown(results: dict, env: dict) -> str:
     lines += ["", "Every figure above is in `all_results.json`; the full configuration and versions are in "
               "`environment.json`.", ""]
     return "\n".join(lines)
+
+
+def generated_data_files(cfg: dict) -> dict:
+    """split -> (file name, questions) of the generated splits a run with this configuration
+    evaluated or predicted on (--dataset_name synthetic, no file or article slice given for the
+    split)."""
+    if cfg.get("dataset_name") != "synthetic":
+        return {}
+    out = {}
+    for split, (step, limit, name) in GENERATED_DATA.items():
+        if cfg.get(step) and not cfg.get(f"{split}_file") and not cfg.get(f"{split}_articles"):
+            questions = cfg["synthetic_eval_examples"]
+            out[split] = (name, questions if cfg.get(limit) is None else min(questions, cfg[limit]))
+    return out
+
+
+def write_generated_data(output_dir, cfg: dict) -> None:
+    """The generated questions the run evaluated or predicted on, as official SQuAD JSON: what
+    `utils_qa.py score` needs to score its predictions."""
+    for split, (name, questions) in generated_data_files(cfg).items():
+        squad = synthetic_squad(split, questions, cfg["synthetic_seed"], cfg["version_2_with_negative"])
+        atomic_write_json(Path(output_dir) / name, squad, indent=None)
+
+
+def _data_source(cfg: dict, split: str) -> str:
+    written = generated_data_files(cfg).get(split)
+    return split_source(cfg, split) + (f", written to {written[0]}" if written else "")
 
 
 def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
@@ -198,6 +230,7 @@ def finish_run(output_dir, wall_clock_seconds: float, env: dict) -> dict:
     results = read_json(path) if path.exists() else {}
     results["WALL_CLOCK_SECONDS"] = round(wall_clock_seconds, 3)
     atomic_write_json(path, results)
+    write_generated_data(output_dir, env["config"])
     atomic_write_text(output_dir / "results.md", results_markdown(results, env))
     return results
 

@@ -59,7 +59,8 @@ def test_run_records_everything(trained):
     assert res["WALL_CLOCK_SECONDS"] > res["train_runtime"]
     assert res["train_examples"] == 1000 and res["train_features"] >= 1000
     for name in ("train_results.json", "eval_results.json", "environment.json", "results.md",
-                 "predictions.json", "nbest_predictions.json", "trainer_state.json", "model.safetensors"):
+                 "predictions.json", "nbest_predictions.json", "trainer_state.json", "model.safetensors",
+                 "eval_data.json"):
         assert (out / name).is_file(), name
     env = json.loads((out / "environment.json").read_text())
     assert env["versions"]["torch"] and env["config"]["learning_rate"] == 3e-4 and env["git_commit"]

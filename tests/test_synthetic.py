@@ -149,3 +149,47 @@ def test_distractors_same_answer_type_in_several_sentences():
             hits.append(sum(bool(re.search(_TYPES[kind][1], s)) for s in sentences) > 1)
         with_distractor += bool(hits) and sum(hits) > len(hits) / 2
     assert with_distractor / len(paragraphs) > 0.7
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_fewer_questions_are_the_first_questions_of_more(v2):
+    few, many = make_synthetic_squad(100, 7, v2), make_synthetic_squad(300, 7, v2)
+    assert [qa for _, qa in _questions(few)] == [qa for _, qa in _questions(many)][:100]
+    assert [p["context"] for p, _ in _questions(few)] == [p["context"] for p, _ in _questions(many)][:100]
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_a_run_writes_the_generated_questions_it_evaluated_and_they_score(v2, tmp_path, capsys):
+    """eval_data.json holds exactly the questions the run evaluated (its first --max_eval_samples),
+    and utils_qa.py score reads it as the project's own format: no version warning."""
+    from dataclasses import asdict
+
+    from qa.args import DataArguments
+    from qa.data import load_raw_datasets, read_squad
+    from qa.records import write_generated_data
+    from utils_qa import main as utils_main
+
+    data_args = DataArguments(dataset_name="synthetic", synthetic_eval_examples=120, synthetic_seed=3,
+                              max_eval_samples=50, version_2_with_negative=v2)
+    write_generated_data(tmp_path, {**asdict(data_args), "do_eval": True, "do_predict": False})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval_data.json"]
+    evaluated = load_raw_datasets(data_args, splits=["validation"])["validation"].select(range(50))
+    written = read_squad(tmp_path / "eval_data.json")
+    assert written.version_2 == v2 and written.dataset.to_dict() == evaluated.to_dict()
+
+    gold = {q["id"]: (q["answers"]["text"] or [""])[0] for q in evaluated}
+    (tmp_path / "predictions.json").write_text(json.dumps(gold))
+    assert utils_main(["score", str(tmp_path / "eval_data.json"), str(tmp_path / "predictions.json")]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and json.loads(out)["exact" if v2 else "exact_match"] == 100.0
+
+
+def test_no_generated_data_file_for_data_from_files_or_an_article_slice(tmp_path):
+    from qa.records import write_generated_data
+
+    base = {"dataset_name": "synthetic", "do_eval": True, "synthetic_eval_examples": 20, "synthetic_seed": 0,
+            "version_2_with_negative": False}
+    for cfg in ({**base, "validation_file": "dev.json"}, {**base, "validation_articles": "0:2"},
+                {**base, "dataset_name": "rajpurkar/squad"}, {**base, "do_eval": False}):
+        write_generated_data(tmp_path, cfg)
+    assert list(tmp_path.iterdir()) == []

@@ -173,14 +173,22 @@ def _gc_paused():
 # Generated and Hub data
 
 
-def _load_synthetic(data_args, split: str):
+def synthetic_squad(split: str, questions: int, seed: int, version_2: bool) -> dict:
+    """The generated `split` as official SQuAD JSON: `questions` questions from `seed` (the
+    run's --synthetic_seed) and the split's offset. The first N questions of a split are
+    synthetic_squad(split, N, ...): the generator gives a smaller count the first questions of a
+    larger one."""
     # Imported here, not with the package: `python -m qa.data.synthetic` would find it imported.
     from .synthetic import make_synthetic_squad
 
+    return make_synthetic_squad(questions, seed + SYNTHETIC_SEED_OFFSET[split], version_2)
+
+
+def _load_synthetic(data_args, split: str):
     n = (data_args.synthetic_train_examples if split == "train"
          else data_args.synthetic_eval_examples)
+    squad = synthetic_squad(split, n, data_args.synthetic_seed, data_args.version_2_with_negative)
     seed = data_args.synthetic_seed + SYNTHETIC_SEED_OFFSET[split]
-    squad = make_synthetic_squad(n, seed, data_args.version_2_with_negative)
     table = table_from_nested(squad["data"], f"synthetic {split} data (seed {seed})", True)
     validate(table, data_args.version_2_with_negative)
     return table.to_dataset()

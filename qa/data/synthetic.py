@@ -163,8 +163,14 @@ def _paragraph(rng, n_questions, v2, next_id):
     return {"context": context, "qas": qas}
 
 
+# The "version" field of the generated files: the official formats, marked as generated.
+VERSION_1, VERSION_2 = "synthetic-1.1", "synthetic-2.0"
+
+
 def make_synthetic_squad(n_examples: int, seed: int = 0, version_2_with_negative: bool = False) -> dict:
-    """Official nested SQuAD JSON with exactly `n_examples` questions; same seed, same data."""
+    """Official nested SQuAD JSON with exactly `n_examples` questions; same seed, same data. A
+    smaller count gives the first questions of a larger one (each question is drawn after those
+    before it, and none depends on how many follow)."""
     rng = random.Random(seed)
     counter = iter(range(n_examples))
     next_id = lambda: f"syn-{seed}-{next(counter)}"  # noqa: E731
@@ -178,7 +184,7 @@ def make_synthetic_squad(n_examples: int, seed: int = 0, version_2_with_negative
             article["paragraphs"].append(_paragraph(rng, n, version_2_with_negative, next_id))
             remaining -= n
         data.append(article)
-    return {"version": "synthetic-2.0" if version_2_with_negative else "synthetic-1.1", "data": data}
+    return {"version": VERSION_2 if version_2_with_negative else VERSION_1, "data": data}
 
 
 def write_synthetic_squad(path, n_examples: int, seed: int = 0, version_2_with_negative: bool = False) -> None:
