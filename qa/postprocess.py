@@ -4,8 +4,9 @@
 bench/bench_postprocess.py); `postprocess_qa_predictions_reference` is the plain loop of the
 well-known Hugging Face example, kept as the oracle the tests hold it to. Both: the n_best
 start/end positions per window, candidate spans inside the context and max_answer_length, ranked
-by start + end logit across a question's windows; v2 adds the null answer and null_odds. The
-reference's docstring is the specification, ties and fallbacks included."""
+by start + end logit across a question's windows (v1.1: never empty while the context has a
+valid span); v2 adds the null answer and null_odds. The reference's docstring is the
+specification, ties and fallbacks included."""
 import collections
 import logging
 import math
@@ -23,6 +24,13 @@ _FALLBACK = (0.0, 0.0, 0.0, (0, 0))  # (score, start_logit, end_logit, char span
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers: reading columns, building the outputs, writing files.
+
+def _rows(table, name, rows):
+    """Column `name` of the rows `rows` only, as a list."""
+    if _is_dataset(table):
+        return table.with_format(None)[rows.tolist()][name]
+    return [table[name][r] for r in rows]
+
 
 def _is_dataset(table):
     return hasattr(table, "with_format")  # a datasets.Dataset, without importing datasets
@@ -71,6 +79,28 @@ def _finish(context, ranked, null_score, version_2_with_negative, threshold):
     return ("" if odds > threshold else best_text), nbest, odds
 
 
+def best_valid_span(offset_rows, start_rows, end_rows, max_answer_length):
+    """The best valid span over every position of a question's windows, as a ranked entry
+    (score, start_logit, end_logit, char span), or None when no window has a context token.
+
+    SQuAD v1.1 always has an answer, and an empty one is always wrong: when no pair among the
+    n_best start and end positions is valid (a poorly trained model puts its highest logits on
+    [CLS] or the question), the answer is the best pair among all positions. Ties: the first
+    window, then the shorter span, then the earlier start."""
+    best = None
+    for offsets, start, end in zip(offset_rows, start_rows, end_rows):
+        n = min(len(offsets), len(start))
+        context = np.array([o is not None for o in offsets[:n]], dtype=bool)
+        start, end = np.where(context, start[:n], -np.inf), np.where(context, end[:n], -np.inf)
+        for width in range(min(max_answer_length, n)):
+            scores = start[:n - width] + end[width:]
+            s = int(np.argmax(scores))
+            if np.isfinite(scores[s]) and (best is None or scores[s] > best[0]):
+                best = (float(scores[s]), float(start[s]), float(end[s + width]),
+                        (offsets[s][0], offsets[s + width][1]))
+    return best
+
+
 def _warn_featureless(ids, featureless):
     missing = [i for i, none in zip(ids, featureless) if none]
     if missing:
@@ -111,9 +141,11 @@ def postprocess_qa_predictions_reference(examples, features, all_start_logits, a
     SQuAD v2: the null score is the smallest start_logits[0] + end_logits[0] over the question's
     windows; a "" entry with it joins the n-best (after candidates of equal score, kept even below
     the top n_best_size); null_odds = null score - best non-null score, and the prediction is ""
-    when null_odds > null_score_diff_threshold. A question without a valid span (or without any
-    window, with a warning) is answered "" with the fallback entry {"text": "", score 0}, which
-    also stands as its best non-null score in null_odds.
+    when null_odds > null_score_diff_threshold. SQuAD v1.1: a question with no valid pair among
+    those positions gets the best valid span over all positions of its windows (best_valid_span).
+    SQuAD v2 without a valid span, or a question without any window (with a warning), is answered
+    "" with the fallback entry {"text": "", score 0}, which also stands as its best non-null score
+    in null_odds.
     """
     ids, contexts = _column(examples, "id"), _column(examples, "context")
     feature_example_ids = _column(features, "example_id")
@@ -149,6 +181,11 @@ def postprocess_qa_predictions_reference(examples, features, all_start_logits, a
         if version_2_with_negative and null is not None:
             candidates.append(null)
         ranked = sorted(candidates, key=lambda c: -c[0])[:n_best_size]  # stable: ties keep order
+        if not version_2_with_negative and not ranked and features_of[example_id]:
+            rows = features_of[example_id]
+            found = best_valid_span([offsets[f] for f in rows], all_start_logits[rows], all_end_logits[rows],
+                                    max_answer_length)
+            ranked = [found] if found else []
         if version_2_with_negative and null is not None and not any(c[3] is None for c in ranked):
             ranked.append(null)
         outputs.append(_finish(context, ranked, null and null[0], version_2_with_negative,
@@ -291,6 +328,10 @@ def postprocess_qa_predictions(examples, features, all_start_logits, all_end_log
             ranked = ranked[:at] + [null] + ranked[at:]
             if at < k:
                 ranked = ranked[:k]
+        elif not version_2_with_negative and not ranked and (rows := np.flatnonzero(example_of == x)).size:
+            found = best_valid_span(_rows(features, "offset_mapping", rows), start[rows], end[rows],
+                                    max_answer_length)
+            ranked = [found] if found else []
         outputs.append(_finish(context, ranked, null and null[0], version_2_with_negative,
                                null_score_diff_threshold))
     return _collect(ids, outputs, version_2_with_negative, output_dir, prefix)

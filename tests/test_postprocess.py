@@ -135,16 +135,29 @@ def test_v2_null_entry_is_kept_even_below_the_top_n(null, size):
 
 
 @pytest.mark.parametrize("v2", [False, True])
-def test_no_valid_span_gives_an_empty_answer(v2):
-    # With n_best_size=2 the best starts and ends are all [CLS] or question tokens.
-    preds, nbest, odds = run([window(0, 9)], [{0: 9, 1: 8}], [{0: 9, 2: 8}], n_best_size=2,
-                             version_2_with_negative=v2, null_score_diff_threshold=100.0)
-    assert preds == {"q": ""}
-    empty = {"text": "", "probability": 1.0, "start_logit": 0.0, "end_logit": 0.0}
+def test_no_valid_span_among_the_nbest(v2):
+    """With n_best_size=2 the best starts and ends are all [CLS] or question tokens (an undertrained
+    model). v1.1 has an answer to every question: the best valid span over all positions; v2 keeps
+    its null answer."""
+    windows, kwargs = [window(0, 3), window(2, 9)], dict(n_best_size=2, version_2_with_negative=v2,
+                                                         null_score_diff_threshold=100.0)
+    starts, ends = [{0: 9, 1: 8}, {0: 9, 1: 8, tok(4, 2): 1}], [{0: 9, 2: 8}, {0: 9, 2: 8, tok(5, 2): 2}]
+    preds, nbest, odds = run(windows, starts, ends, **kwargs)
+    datasets = pytest.importorskip("datasets")
+    start = np.full((2, 16), LOW, dtype=np.float32)
+    end = start.copy()
+    for f in range(2):
+        start[f, list(starts[f])], end[f, list(ends[f])] = list(starts[f].values()), list(ends[f].values())
+    table = datasets.Dataset.from_dict
+    tables = postprocess_qa_predictions(table({"id": ["q"], "context": [CONTEXT]}),
+                                        table({"example_id": ["q", "q"], "offset_mapping": windows}), start, end,
+                                        **kwargs)
+    assert tables == (preds, nbest, odds)
     if v2:
-        assert odds == {"q": 18.0} and [e["text"] for e in nbest["q"]] == ["", ""]
+        assert preds == {"q": ""} and odds == {"q": 18.0} and [e["text"] for e in nbest["q"]] == ["", ""]
     else:
-        assert odds is None and nbest["q"] == [empty]
+        assert preds == {"q": "four five"} and odds is None
+        assert nbest["q"] == [{"text": "four five", "probability": 1.0, "start_logit": 1.0, "end_logit": 2.0}]
 
 
 def test_an_example_without_features_gets_an_empty_answer_and_a_warning(caplog):
