@@ -172,3 +172,55 @@ def test_f1_against_training_time_with_the_target():
             plt.close(fig)
     for figures in _figures(SCALARS):
         assert "f1_vs_time.png" not in figures  # no evaluations during training, no plot
+
+
+def test_the_final_evaluation_on_all_questions_is_drawn_apart_from_those_during_training():
+    """--eval_every evaluates the first 100 questions during training, then all 300 once more at
+    the last step under the same tags: that last value is a point of its own, with its question
+    count, not one more point of the curve (where its change of question set read as a drop)."""
+    scalars = {**SCALARS, "eval/f1": [(10, 60.0), (20, 97.0), (30, 94.7)],
+               "eval/exact_match": [(10, 50.0), (20, 96.0), (30, 93.3)], "eval/loss": [(10, 2.0), (20, 0.4), (30, 0.5)]}
+    results = {"eval_during_training_count": 3, "eval_f1": 94.7, "eval_exact_match": 93.3, "eval_loss": 0.5,
+               "eval_examples": 300}
+    import matplotlib.pyplot as plt
+
+    figures = _plot_tb().figures(scalars, results, {"eval_every_questions": 100})
+    (ax,) = _axes(figures["eval_f1.png"])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "F1 during training (first 100 questions)", "F1, final evaluation (all 300 questions): 94.7% at step 30",
+        "exact match during training (first 100 questions)",
+        "exact match, final evaluation (all 300 questions): 93.3% at step 30"]
+    curves = [line for line in ax.lines if len(line.get_xdata()) > 1]
+    assert [list(line.get_xdata()) for line in curves] == [[10, 20], [10, 20]]  # the curves end before it
+    (ax,) = _axes(figures["loss.png"])
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-2:] == [
+        "evaluation during training (first 100 questions)", "final evaluation (all 300 questions): 0.5 at step 30"]
+    for fig in figures.values():
+        plt.close(fig)
+    # A run that did not evaluate during training: its one evaluation is the curve's only point, as before.
+    for figures in _figures(SCALARS):
+        (ax,) = _axes(figures["loss.png"])
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["training", "evaluation: 3.4 at step 30"]
+
+
+@pytest.mark.slow
+def test_a_real_run_with_evaluations_during_training_shows_its_final_evaluation_apart(tmp_path_factory, tmp_path):
+    """The same on a run's own events: the final evaluation is the last value at the last step."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    run = tiny_run(tmp_path_factory, "eval_every", "--eval_every", "0.25", "--eval_every_questions", "20")
+    plot_tb = _plot_tb()
+    results = json.loads((run / "all_results.json").read_text())
+    config = json.loads((run / "environment.json").read_text())["config"]
+    figures = plot_tb.figures(plot_tb.load_scalars(run), results, config)
+    (ax,) = _axes(figures["eval_f1.png"])
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    final_step = json.loads((run / "trainer_state.json").read_text())["global_step"]
+    assert legend[0] == "F1 during training (first 20 questions)"
+    assert legend[1] == f"F1, final evaluation (all 50 questions): {plot_tb._fmt(results['eval_f1'])}% at step {final_step}"
+    assert max(max(line.get_xdata()) for line in ax.lines if line.get_label() == legend[0]) < final_step
+    for fig in figures.values():
+        plt.close(fig)
+    assert plot_tb.main([str(run), "--out", str(tmp_path)]) == 0 and (tmp_path / "eval_f1.png").is_file()

@@ -9,7 +9,9 @@ no runs/ folder), and writes into DIR (default RUN_DIR/tb_plots):
 - loss.png (training loss, and evaluation loss when present), grad_norm.png, learning_rate.png,
   throughput.png (samples/s and real tokens/s), performance.png (the other train/perf/*
   figures: step time, padding, data-loading share, MFU, memory), eval_f1.png (F1 and exact
-  match, when the run evaluated more than once), f1_vs_time.png (the evaluations during training
+  match, when the run evaluated more than once; a run that evaluated during training, on the
+  first --eval_every_questions questions, shows its final evaluation on all of them as a point
+  apart, in loss.png too), f1_vs_time.png (the evaluations during training
   against training seconds, with the target F1 and when it was reached: --eval_every,
   --target_f1) — each only when its scalars exist. One title
   per figure; each panel names its value and unit on its y axis, over optimizer steps. A value
@@ -112,6 +114,39 @@ def load_scalars(run_dir) -> dict:
     return {tag: sorted((step, v) for step, (_, v) in points.items()) for tag, points in latest.items()}
 
 
+def _results_key(tag: str) -> str:
+    """The all_results.json key of an evaluation scalar: eval/f1 -> eval_f1."""
+    return tag.replace("/", "_", 1)
+
+
+def split_final_evaluation(scalars, results=None, config=None):
+    """(scalars, final): the final evaluation taken out of the curves of the evaluations during
+    training. A run with --eval_every evaluates during training (on the first
+    --eval_every_questions questions, or all) and once more after training, on every validation
+    question, at the same last step, under the same tags: its value would read as one more point
+    of the curve, and the change of question set as a regression. `final`: {"points": tag ->
+    (step, value), "during": ..., "final": ...}, the words for both in the legends; empty when the
+    run did not evaluate during training. The curves keep their other points (a tag whose only
+    point was the final one keeps an empty list)."""
+    results, config = results or {}, config or {}
+    if not results.get("eval_during_training_count"):
+        return scalars, {}
+    plotted = {t for _, panels in PLOTS.values() for _, _, curves in panels for tags, _ in curves for t in tags}
+    points = {}
+    for tag, series in scalars.items():
+        value = results.get(_results_key(tag))
+        if tag in plotted and tag.startswith("eval") and isinstance(value, (int, float)) and \
+                math.isclose(series[-1][1], value, rel_tol=1e-4, abs_tol=1e-4):
+            points[tag] = series[-1]
+    if not points:
+        return scalars, {}
+    subset, total = config.get("eval_every_questions"), results.get("eval_examples")
+    final = {"points": points,
+             "during": f"during training ({f'first {subset:,}' if subset else 'all'} questions)",
+             "final": f"final evaluation ({f'all {total:,}' if total else 'all'} questions)"}
+    return {tag: series[:-1] if tag in points else series for tag, series in scalars.items()}, final
+
+
 def stats(points) -> dict:
     values = [v for _, v in points if not math.isnan(v)]
     return {"points": len(points), "first_step": points[0][0], "last_step": points[-1][0],
@@ -147,8 +182,9 @@ def _panels(scalars):
     return out
 
 
-def logged_once(scalars, tags) -> bool:
-    return all(len(scalars[t]) == 1 for t in tags)
+def logged_once(scalars, tags, final=None) -> bool:
+    apart = (final or {}).get("points", {})
+    return all(len(scalars[t]) + (t in apart) == 1 for t in tags)
 
 
 def y_limits(values, kind):
@@ -171,18 +207,32 @@ def y_limits(values, kind):
     return centre - half, centre + half
 
 
-def _draw_panel(ax, scalars, ylabel, kind, curves, xlabel=X_LABEL):
+def _point_label(label, value, step, kind):
+    return f"{label + ': ' if label else ''}{_fmt(value)}{'%' if kind == 'percent' else ''} at step {step}"
+
+
+def _draw_panel(ax, scalars, ylabel, kind, curves, xlabel=X_LABEL, final=None):
     from matplotlib.ticker import PercentFormatter
 
+    final = final or {}
+    apart = final.get("points", {})
     values = []
-    for tag, label in curves:
-        steps, ys = zip(*scalars[tag])
-        values += ys
-        if len(steps) == 1:  # a value logged once: a point whose legend entry says what it is
-            value = f"{_fmt(ys[0])}{'%' if kind == 'percent' else ''}"
-            ax.plot(steps, ys, "o", markersize=6, label=f"{label + ': ' if label else ''}{value} at step {steps[0]}")
-        else:
-            ax.plot(steps, ys, marker="o" if len(steps) < 30 else None, markersize=3, label=label or None)
+    for tag, name in curves:
+        # The evaluations during training as a curve, and the final evaluation as a point of its own.
+        label = f"{name} {final['during']}".strip() if tag in apart else name
+        if scalars[tag]:
+            steps, ys = zip(*scalars[tag])
+            values += ys
+            if len(steps) == 1:  # a value logged once: a point whose legend entry says what it is
+                ax.plot(steps, ys, "o", markersize=6, label=_point_label(label, ys[0], steps[0], kind))
+            else:
+                ax.plot(steps, ys, marker="o" if len(steps) < 30 else None, markersize=3, label=label or None)
+        if tag in apart:
+            step, value = apart[tag]
+            values.append(value)
+            named = f"{name}, " if name and "evaluation" not in name else ""  # not "evaluation, final evaluation"
+            ax.plot([step], [value], "D", markersize=7, markeredgecolor="black",
+                    label=_point_label(named + final["final"], value, step, kind))
     limits = y_limits(values, kind)
     if limits is not None:
         ax.set_ylim(*limits)
@@ -191,7 +241,7 @@ def _draw_panel(ax, scalars, ylabel, kind, curves, xlabel=X_LABEL):
     ax.set_ylabel(ylabel)
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
-    if any(label for _, label in curves) or any(len(scalars[tag]) == 1 for tag, _ in curves):
+    if any(label for _, label in curves) or any(len(scalars[tag]) == 1 or tag in apart for tag, _ in curves):
         ax.legend()
 
 
@@ -207,25 +257,27 @@ def draw_target(ax, target: dict) -> None:
     ax.legend()
 
 
-def figures(scalars, target=None) -> dict:
+def figures(scalars, target=None, config=None) -> dict:
     """plot file -> matplotlib Figure. One title per figure (its panels have none: each names
     its value and unit on its y axis). A figure whose values were all logged once is left out:
-    summary.md lists them. `target`: the run's target_f1 and train_seconds_to_target_f1
-    (all_results.json), drawn on the F1-against-time plot."""
+    summary.md lists them. `target`: the run's all_results.json: the target F1 and when it was
+    reached, drawn on the F1-against-time plot, and the final evaluation, drawn apart from the
+    evaluations during training (split_final_evaluation, with the run's configuration `config`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    scalars, final = split_final_evaluation(scalars, target, config)
     out = {}
     for name, (title, panels) in _panels(scalars).items():
-        if logged_once(scalars, [tag for _, _, curves in panels for tag, _ in curves]):
+        if logged_once(scalars, [tag for _, _, curves in panels for tag, _ in curves], final):
             continue
         cols = 1 if len(panels) == 1 else 2
         rows = math.ceil(len(panels) / cols)
         fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 3.6 * rows), squeeze=False)
         for ax, (ylabel, kind, curves) in zip(axes.flat, panels):
-            _draw_panel(ax, scalars, ylabel, kind, curves, X_LABELS.get(name, X_LABEL))
+            _draw_panel(ax, scalars, ylabel, kind, curves, X_LABELS.get(name, X_LABEL), final)
             if name == TIME_PLOT and target:
                 draw_target(ax, target)
         for ax in list(axes.flat)[len(panels):]:
@@ -236,11 +288,11 @@ def figures(scalars, target=None) -> dict:
     return out
 
 
-def plot(scalars, out_dir: Path, target=None) -> list:
+def plot(scalars, out_dir: Path, target=None, config=None) -> list:
     import matplotlib.pyplot as plt
 
     written = []
-    for name, fig in figures(scalars, target).items():
+    for name, fig in figures(scalars, target, config).items():
         fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
         written.append(name)
@@ -277,8 +329,9 @@ def main(argv=None) -> int:
     scalars = load_scalars(run_dir)
     out_dir = Path(args.out) if args.out else run_dir / "tb_plots"
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = run_dir / "all_results.json"
-    plots = plot(scalars, out_dir, read_json(results) if results.is_file() else None)
+    results, environment = run_dir / "all_results.json", run_dir / "environment.json"
+    config = read_json(environment).get("config") if environment.is_file() else None
+    plots = plot(scalars, out_dir, read_json(results) if results.is_file() else None, config)
     (out_dir / "summary.md").write_text(summary_markdown(run_dir, scalars, plots))
     print(f"{len(scalars)} scalars, {len(plots)} plots -> {os.fspath(out_dir)}")
     return 0
