@@ -195,6 +195,10 @@ class RunArguments:
                   "the next one's, so no step waits for it); the run stops at most this many + 1 steps after the "
                   "signal. One process checks at every step at no cost."})
 
+    # Not an argument (init=False): what the run changed of the settings asked for, to fit the device, one line
+    # each (qa.config.device_precision); recorded in environment.json and results.md.
+    adjusted: List[str] = field(default_factory=list, init=False)
+
     def timed_steps(self) -> Optional[Tuple[int, int]]:
         """--telemetry_window as (start, stop), or None (checked with the other settings: qa.settings)."""
         return None if self.telemetry_window is None else steps_window(self.telemetry_window)

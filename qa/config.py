@@ -37,7 +37,8 @@ class _Parser(HfArgumentParser):
 def parse_args(argv):
     """-> (model_args, data_args, run_args, training_args, explicit) where `explicit` is the
     set of argument names the user gave (flags or config keys). Every numeric and path value
-    is checked against qa.settings before the dataclasses are built. Without an output_dir the
+    is checked against qa.settings before the dataclasses are built, and bf16/TF32 follow the
+    device (device_precision). Without an output_dir the
     run writes to qa.cmdline.DEFAULT_OUTPUT_DIR, where the job scripts expect it."""
     source, argv, explicit = expand(argv)
     if "output_dir" not in explicit:
@@ -58,12 +59,51 @@ def parse_args(argv):
                          "remove them or run `python run_qa.py --help` for the accepted ones")
     values = vars(namespace)
     check_settings(values)
+    changes, note = device_precision(_capability(values), values.get("bf16"), values.get("tf32"))
+    if note:
+        logger.warning("%s", note)
+        values.update(changes)
     try:
         built = parser.parse_dict(values, allow_extra_keys=True)
     except (TypeError, ValueError) as err:  # a combination TrainingArguments refuses
         raise InputError(source, f"invalid arguments: {str(err).splitlines()[0]}",
                          "run `python run_qa.py --help` for the accepted arguments") from None
+    if note:
+        built[2].adjusted.append(note)  # into environment.json and results.md
     return (*built, explicit)
+
+
+def device_precision(capability, bf16: bool, tf32) -> tuple:
+    """-> (settings to change, the one line that says so, or None) for a run asking for `bf16`
+    and `tf32` on a device of CUDA compute `capability` ((major, minor); None: no GPU).
+
+    bf16 and TF32 arrive together with compute capability 8.0 (Ampere). Below it (T4, V100) there
+    are no bf16 tensor cores (torch emulates bf16) while fp16 with loss scaling (the Trainer's
+    GradScaler) runs on the tensor cores; TF32 does not exist there nor on a CPU, where
+    transformers refuses --tf32. bf16 on a CPU stays: autocast runs it natively."""
+    native = capability is not None and tuple(capability) >= (8, 0)
+    device = "the CPU" if capability is None else f"this GPU (compute capability {capability[0]}.{capability[1]})"
+    changes, lacks, does = {}, [], []
+    if bf16 and not native and capability is not None:
+        changes.update(bf16=False, fp16=True)
+        lacks.append("native bf16")
+        does.append("training in fp16 with loss scaling instead of bf16")
+    if tf32 and not native:
+        changes["tf32"] = False
+        lacks.append("TF32")
+        does.append("tf32 off")
+    return changes, (f"{device} has no {' and no '.join(lacks)}: {', '.join(does)}" if lacks else None)
+
+
+def _capability(values: dict):
+    """The compute capability of the GPU this process will use, or None (none, or --use_cpu)."""
+    if not (values.get("bf16") or values.get("tf32")) or values.get("use_cpu"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK") or 0) % torch.cuda.device_count())
 
 
 def _gpu_less_distributed_launch() -> bool:

@@ -105,7 +105,8 @@ def results_markdown(results: dict, env: dict) -> str:
     rows = [("model", cfg.get("model_name_or_path")), ("device", device),
             ("world size", env["distributed"].get("WORLD_SIZE", "1")),
             ("SLURM job", env["slurm"].get("SLURM_JOB_ID")), ("git commit", env["git_commit"]),
-            ("wall clock, whole run", fmt("WALL_CLOCK_SECONDS", " s", 1))]
+            ("wall clock, whole run", fmt("WALL_CLOCK_SECONDS", " s", 1)),
+            ("adjusted to the device", "; ".join(cfg.get("adjusted") or ()) or None)]
     if cfg.get("do_train"):
         # The Trainer's clock runs through evaluations during training; say so where there were some.
         evals = results.get("eval_during_training_count")

@@ -2,6 +2,7 @@
 length-grouped batches (with evaluation kept in order), the compile settings, a cached rerun that
 tokenizes nothing, and a small run of configs/fast.json's switches through run_qa.py."""
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -98,6 +99,35 @@ def test_compile_settings_reach_accelerate(monkeypatch):
         configure_compile(SimpleNamespace(compile_dynamic="false", compile_regional=True))
         assert TorchDynamoPlugin(backend="inductor", dynamic=None).dynamic is False
         assert torch._dynamo.config.recompile_limit >= STATIC_RECOMPILE_LIMIT
+
+
+@pytest.mark.parametrize("capability, bf16, changes, note", [
+    ((7, 5), True, {"bf16": False, "fp16": True, "tf32": False}, "this GPU (compute capability 7.5) has no native "
+     "bf16 and no TF32: training in fp16 with loss scaling instead of bf16, tf32 off"),
+    ((7, 0), False, {"tf32": False}, "this GPU (compute capability 7.0) has no TF32: tf32 off"),
+    ((8, 0), True, {}, None),
+    ((9, 0), True, {}, None),
+    (None, True, {"tf32": False}, "the CPU has no TF32: tf32 off"),
+], ids=["T4", "V100 fp32", "A100", "H100", "CPU"])
+def test_precision_follows_the_device(capability, bf16, changes, note):
+    """configs/fast.json asks for bf16 and TF32: what each device gets instead, and the line saying so."""
+    from qa.config import device_precision
+
+    assert device_precision(capability, bf16, True) == (changes, note)
+    assert device_precision(capability, bf16, None)[0].get("tf32") is None
+
+
+def test_fast_config_parses_on_a_cpu(tmp_path, caplog):
+    """configs/fast.json as it is: bf16 stays on a CPU (autocast runs it), TF32 is dropped with one line and
+    recorded (transformers itself refuses --tf32 without an Ampere GPU)."""
+    from qa.config import parse_args
+
+    with caplog.at_level(logging.WARNING, logger="qa.config"):
+        _, _, run_args, training_args, _ = parse_args([str(REPO / "configs" / "fast.json"), "--use_cpu", "true",
+                                                       "--output_dir", str(tmp_path / "out")])
+    assert training_args.bf16 and not training_args.fp16 and training_args.tf32 is False
+    said = [r.getMessage() for r in caplog.records if r.name == "qa.config"]
+    assert run_args.adjusted == ["the CPU has no TF32: tf32 off"] == said
 
 
 # ---------------------------------------------------------------------------------------------
