@@ -5,8 +5,8 @@ bench/bench_postprocess.py); `postprocess_qa_predictions_reference` is the plain
 well-known Hugging Face example, kept as the oracle the tests hold it to. Both: the n_best
 start/end positions per window, candidate spans inside the context and max_answer_length, ranked
 by start + end logit across a question's windows (v1.1: never empty while the context has a
-valid span); v2 adds the null answer and null_odds. The reference's docstring is the
-specification, ties and fallbacks included."""
+valid span), each n-best entry with its character offsets in the context; v2 adds the null answer
+and null_odds. The reference's docstring is the specification, ties and fallbacks included."""
 import collections
 import logging
 import math
@@ -69,7 +69,10 @@ def _finish(context, ranked, null_score, version_2_with_negative, threshold):
     top = max(c[0] for c in ranked)
     exps = [math.exp(c[0] - top) for c in ranked]
     total = sum(exps)
+    # Where each answer is in the context (characters, end excluded; None for the null answer): a
+    # text can occur more than once, and a user of the answers needs to know which one was meant.
     nbest = [{"text": "" if span is None else context[span[0]:span[1]],
+              "answer_start": None if span is None else span[0], "answer_end": None if span is None else span[1],
               "probability": x / total, "start_logit": s, "end_logit": e}
              for (_, s, e, span), x in zip(ranked, exps)]
     best_text = context[best[3][0]:best[3][1]]

@@ -52,8 +52,9 @@ def test_the_best_span_wins_and_the_nbest_is_a_ranked_distribution():
     assert preds == {"q": "two three"} and odds is None
     entries = nbest["q"]
     assert len(entries) == 20
-    assert entries[0] == {"text": "two three", "probability": entries[0]["probability"],
-                          "start_logit": 5.0, "end_logit": 4.0}
+    assert entries[0] == {"text": "two three", "answer_start": 9, "answer_end": 18,
+                          "probability": entries[0]["probability"], "start_logit": 5.0, "end_logit": 4.0}
+    assert all(CONTEXT[e["answer_start"]:e["answer_end"]] == e["text"] for e in entries)
     assert [e["text"] for e in entries[1:3]] == ["two three four five six", "six"]  # 8.5, 6.5
     scores = [e["start_logit"] + e["end_logit"] for e in entries]
     assert scores == sorted(scores, reverse=True)
@@ -120,8 +121,8 @@ def test_v2_null_wins_when_it_outscores_every_span_and_uses_the_smallest_window_
     preds, nbest, odds = run([window(0, 5), window(4, 9)], [{0: 9, tok(1): 2}, {0: 6}],
                              [{0: 9, tok(1): 2}, {0: 5}], version_2_with_negative=True)
     assert preds == {"q": ""} and odds == {"q": 11.0 - 4.0}  # min(18, 11) - (2 + 2)
-    assert nbest["q"][0] == {"text": "", "probability": nbest["q"][0]["probability"],
-                             "start_logit": 6.0, "end_logit": 5.0}
+    assert nbest["q"][0] == {"text": "", "answer_start": None, "answer_end": None,
+                             "probability": nbest["q"][0]["probability"], "start_logit": 6.0, "end_logit": 5.0}
 
 
 @pytest.mark.parametrize("null, size", [(-50.0, 6), (1.78, 5), (1.9, 5)])
@@ -157,7 +158,8 @@ def test_no_valid_span_among_the_nbest(v2):
         assert preds == {"q": ""} and odds == {"q": 18.0} and [e["text"] for e in nbest["q"]] == ["", ""]
     else:
         assert preds == {"q": "four five"} and odds is None
-        assert nbest["q"] == [{"text": "four five", "probability": 1.0, "start_logit": 1.0, "end_logit": 2.0}]
+        assert nbest["q"] == [{"text": "four five", "answer_start": 19, "answer_end": 28, "probability": 1.0,
+                               "start_logit": 1.0, "end_logit": 2.0}]
 
 
 def test_an_example_without_features_gets_an_empty_answer_and_a_warning(caplog):
