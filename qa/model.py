@@ -168,10 +168,15 @@ def loading_message(missing, unexpected, mismatched, head_modules, head_params: 
     return None
 
 
-def _report_loading(model, info: dict, report: list, training: bool) -> None:
+def _report_loading(model, info: dict, report: list, training: bool, require_head: bool = False) -> None:
     prefix = getattr(model, "base_model_prefix", "")
     head_modules = [name for name, _ in model.named_children() if name != prefix]
     head_params = sum(p.numel() for name in head_modules for p in getattr(model, name).parameters())
+    head_missing = [k for k in info.get("missing_keys") or () if k.split(".", 1)[0] in head_modules]
+    if require_head and head_missing:  # its answers would come from random weights: nothing to use
+        raise InputError(getattr(model, "name_or_path", "") or "the model", "has no trained question-answering head "
+                         f"({_modules(head_missing)}): it is a base model, not one fine-tuned for QA",
+                         "give the output_dir of a finished training run (run_qa.py --do_train)")
     said = loading_message(info.get("missing_keys") or (), info.get("unexpected_keys") or (),
                            info.get("mismatched_keys") or (), head_modules, head_params, training)
     if said is None:
@@ -182,9 +187,11 @@ def _report_loading(model, info: dict, report: list, training: bool) -> None:
         release(report)
 
 
-def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, compile: bool = False):
+def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, compile: bool = False,
+                             require_head: bool = False):
     """(model, tokenizer). `training`: whether this run trains the model, which decides what
-    a checkpoint without a QA head means (loading_message). `compile` (the run's
+    a checkpoint without a QA head means (loading_message); `require_head`: such a checkpoint is
+    an InputError (answering questions needs a trained head). `compile` (the run's
     --torch_compile): a model on sdpa attention is switched to qa.attention's sdpa_with_mask, so
     that its compiled layers see an attention mask in every batch (transformers passes none for a
     batch without padding, and the compiled layers would recompile on it whenever one comes)."""
@@ -225,7 +232,7 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     if not getattr(tokenizer, "is_fast", False):
         raise InputError(path, "the tokenizer is not a fast tokenizer (offsets are needed)",
                          "use a model that ships tokenizer.json")
-    _report_loading(model, info, report, training)
+    _report_loading(model, info, report, training, require_head)
     if compile:
         from .attention import keep_mask_when_compiled
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from .data import split_source
 from .data.sources import synthetic_squad
 from .io import atomic_write_json, atomic_write_text, read_json
+from .model_card import write_model_card
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
@@ -90,6 +91,12 @@ def save_split_metrics(output_dir, split: str, metrics: dict) -> None:
     atomic_write_json(path, merged)
 
 
+def device_name(env: dict) -> str:
+    """The run's device in words, from its environment record: '1 x NVIDIA A100-SXM4-40GB', 'CPU (2 cores)'."""
+    gpus = env["devices"]["gpus"]
+    return f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"CPU ({env['devices']['cpu_count']} cores)"
+
+
 def results_markdown(results: dict, env: dict) -> str:
     """The run in a short table: the figures of the steps it ran (training, evaluation,
     prediction), each with the data it read; a figure the run did not produce has no row."""
@@ -99,10 +106,8 @@ def results_markdown(results: dict, env: dict) -> str:
             return None
         return f"{v:,.{digits}f}{unit}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
-    gpus = env["devices"]["gpus"]
-    device = f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"CPU ({env['devices']['cpu_count']} cores)"
     cfg = env["config"]
-    rows = [("model", cfg.get("model_name_or_path")), ("device", device),
+    rows = [("model", cfg.get("model_name_or_path")), ("device", device_name(env)),
             ("world size", env["distributed"].get("WORLD_SIZE", "1")),
             ("SLURM job", env["slurm"].get("SLURM_JOB_ID")), ("git commit", env["git_commit"]),
             ("wall clock, whole run", fmt("WALL_CLOCK_SECONDS", " s", 1)),
@@ -233,6 +238,8 @@ def finish_run(output_dir, wall_clock_seconds: float, env: dict) -> dict:
     atomic_write_json(path, results)
     write_generated_data(output_dir, env["config"])
     atomic_write_text(output_dir / "results.md", results_markdown(results, env))
+    if env["config"].get("do_train"):  # a trained model: how to use it, beside it
+        write_model_card(output_dir, results, env, device_name(env))
     return results
 
 

@@ -84,6 +84,31 @@ def test_run_records_everything(trained):
 
 
 @pytest.mark.slow
+def test_the_trained_model_answers_as_do_predict_does_and_has_a_model_card(trained, tmp_path):
+    """bert-squad-answer's API on the main job's model: --do_predict's answers to the questions the
+    run evaluated, some of them over several windows; README.md says how to ask it."""
+    from answer_qa import Answerer
+    from qa.data import read_squad
+    from qa.features import prepare_validation_features
+    from tests.test_answer import same_as_predict
+
+    _, out, env, _ = trained
+    questions, predicted = out / "eval_data.json", tmp_path / "predicted"
+    proc = run_qa([SMOKE, "--model_name_or_path", str(out), "--do_train", "false", "--do_eval", "false",
+                   "--do_predict", "--test_file", str(questions), "--output_dir", str(predicted)], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answerer = Answerer(out)
+    columns = read_squad(questions).dataset.to_dict()
+    windows = prepare_validation_features(columns, answerer.tokenizer, 128, 32, 32, with_labels=False)
+    assert len(windows["input_ids"]) > len(columns["id"])  # some contexts span several windows
+    same_as_predict(answerer.answer_file(questions, top_k=3), predicted, dict(zip(columns["id"], columns["context"])))
+    card = (out / "README.md").read_text()
+    assert "base_model: sentence-transformers/all-MiniLM-L6-v2" in card
+    assert f"F1 {results(out)['eval_f1']:.2f} / EM {results(out)['eval_exact_match']:.2f} on 300 questions" in card
+    assert f"bert-squad-answer {out} --question" in card
+
+
+@pytest.mark.slow
 def test_cached_features_are_reused(trained):
     _, out, _, proc = trained
     assert "features cache hit" in proc.stderr  # the untrained run tokenized the same eval set

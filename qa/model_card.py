@@ -1,0 +1,99 @@
+"""The model card of a trained output_dir: README.md, where the Hugging Face Hub and its readers look
+for what a model is, how it was made, how well it answers and how to use it.
+
+Written by the main process at the end of a run that trained (records.finish_run), atomically,
+from the run's own records: its configuration (environment.json) and figures (all_results.json).
+"""
+import os
+import re
+from pathlib import Path
+
+from .data import split_source
+from .io import atomic_write_text
+
+CARD = "README.md"
+# Hub ids of the bundled models that have one (bundled:tiny-bert is built at random: none).
+BUNDLED_HUB_IDS = {"bundled:minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def hub_id(name: str):
+    """The Hub id a base model was loaded from, or None (a local folder, a random build)."""
+    if name in BUNDLED_HUB_IDS:
+        return BUNDLED_HUB_IDS[name]
+    return name if _HUB_ID.fullmatch(name) and not os.path.exists(name) else None
+
+
+def _front_matter(cfg: dict) -> list:
+    """The YAML header the Hub reads (task, library, base model, dataset)."""
+    lines = ["---", "library_name: transformers", "pipeline_tag: question-answering",
+             "tags: [question-answering, extractive-qa, squad]"]
+    base = hub_id(cfg.get("model_name_or_path") or "")
+    if base:
+        lines.append(f"base_model: {base}")
+    data = cfg.get("dataset_name")
+    if data and data != "synthetic" and not cfg.get("train_file"):
+        lines.append(f"datasets: [{data}]")
+    return lines + ["---", ""]
+
+
+def _recipe(cfg: dict, world: int) -> str:
+    batch, accumulation = cfg.get("per_device_train_batch_size"), cfg.get("gradient_accumulation_steps") or 1
+    length = (f"{cfg['max_steps']} steps" if (cfg.get("max_steps") or -1) > 0
+              else f"{cfg.get('num_train_epochs'):g} epochs")
+    precision = "bf16" if cfg.get("bf16") else "fp16" if cfg.get("fp16") else "fp32"
+    return (f"{length}, global batch {batch * world * accumulation} (per device {batch} x {world} process(es) x "
+            f"accumulation {accumulation}), learning rate {cfg.get('learning_rate'):g}, warm-up "
+            f"{cfg.get('warmup_steps') or 0:g}, weight decay {cfg.get('weight_decay') or 0:g}, {precision}; windows of "
+            f"{cfg.get('max_seq_length')} tokens, stride {cfg.get('doc_stride')}, questions cut at "
+            f"{cfg.get('max_query_length')} tokens; seed {cfg.get('seed')}")
+
+
+def _number(results: dict, key: str, unit: str = "", digits: int = 2):
+    value = results.get(key)
+    return None if value is None else f"{value:,.{digits}f}{unit}"
+
+
+def _training_time(results: dict):
+    runtime, alone = _number(results, "train_runtime", " s", 1), _number(results, "train_seconds_excluding_evaluation",
+                                                                         " s", 1)
+    if runtime and alone:  # the Trainer's clock ran on through the evaluations during training
+        return f"{runtime}, of which {alone} training and the rest {results.get('eval_during_training_count')} " \
+               "evaluations during training"
+    return runtime
+
+
+def model_card(output_dir, results: dict, env: dict, device: str) -> str:
+    """The card's Markdown: what was trained from what, on what, how, how well, how long, on
+    which device, and the command and Python lines that answer questions with it."""
+    cfg, folder = env["config"], os.fspath(output_dir)
+    world = int(env["distributed"].get("WORLD_SIZE", "1"))
+    version = "SQuAD v2.0 (may answer that there is no answer)" if cfg.get("version_2_with_negative") else "SQuAD v1.1"
+    f1, em = _number(results, "eval_f1"), _number(results, "eval_exact_match")
+    scores = f"F1 {f1} / EM {em} on {results.get('eval_examples', 0):,} questions" if f1 and em else "not evaluated"
+    rows = [("base model", cfg.get("model_name_or_path")), ("task", f"extractive question answering, {version}"),
+            ("training data", split_source(cfg, "train")),
+            ("evaluation data", split_source(cfg, "validation") if cfg.get("do_eval") else None),
+            ("recipe", _recipe(cfg, world)), ("evaluation", scores),
+            ("training time", _training_time(results)),
+            ("device", device + (f", {world} processes" if world > 1 else "")),
+            ("run", env.get("started_utc") and f"started {env['started_utc']} on {env.get('host')}, "
+             f"commit {env.get('git_commit')}")]
+    lines = _front_matter(cfg) + [
+        f"# {Path(folder).name}: {cfg.get('model_name_or_path')} fine-tuned for question answering", "",
+        "Fine-tuned with bert-squad-slurm (`run_qa.py`). All figures: `all_results.json`; the full "
+        "configuration and versions: `environment.json`; the run in short: `results.md`.", "",
+        "| | |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows if value]
+    lines += ["", "## Ask it questions", "", "```bash",
+              f'bert-squad-answer {folder} --question "Who wrote it?" --context "..."   # or python -m answer_qa',
+              f"bert-squad-answer {folder} --file questions.jsonl --top_k 3", "```", "", "```python",
+              "from answer_qa import Answerer", "", f"qa = Answerer({folder!r})",
+              'qa("Who wrote it?", "...")  # {"answer": ..., "start": ..., "end": ..., "score": ...}', "```", "",
+              "Both window the context, batch and post-process as the training run did (its settings are read "
+              "from `environment.json`), so their answers are those of `run_qa.py --do_predict`.", ""]
+    return "\n".join(lines)
+
+
+def write_model_card(output_dir, results: dict, env: dict, device: str) -> None:
+    atomic_write_text(Path(output_dir) / CARD, model_card(output_dir, results, env, device))
