@@ -32,7 +32,7 @@ from qa.data import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
 from qa.features import check_tokenizer, prepare_train_features, prepare_validation_features  # noqa: E402
 from qa.io import atomic_write_json  # noqa: E402
-from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
+from qa.model import check_model_and_tokenizer, compile_outcome, load_model_and_tokenizer  # noqa: E402
 from qa.postprocess import PostProcessing  # noqa: E402
 from qa.preemption import EXIT_INTERRUPTED  # noqa: E402
 from qa.ranks import close_process_group, on_main_rank  # noqa: E402
@@ -167,7 +167,8 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
         if main:
             save_split_metrics(out, "predict", metrics)
     if main:
-        results = finish_run(out, time.perf_counter() - WALL_START, env)
+        compiled = {"compiled": compile_outcome()} if training_args.torch_compile else {}
+        results = finish_run(out, time.perf_counter() - WALL_START, env, compiled)
         logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
     close_process_group()
     return 0

@@ -129,6 +129,49 @@ def configure_compile(model_args) -> dict:
     return settings
 
 
+class _CompileFailures(logging.Filter):
+    """On dynamo's logger: its report of a compilation it gave up (an inductor or Triton error, an
+    unsupported operator; a warning with the whole traceback) becomes one warning line, once per
+    run, and the first reason is kept for the run's results (compile_outcome)."""
+
+    reason = None
+
+    def filter(self, record):
+        if record.levelno < logging.WARNING or not record.exc_info:
+            return True
+        if self.reason is None:
+            error = record.exc_info[1]
+            error = getattr(error, "inner_exception", None) or error  # the backend's own error (inductor's)
+            self.reason = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"[:300]
+            logger.warning("torch.compile failed (%s): the code it was compiling runs eagerly, the run goes on",
+                           self.reason)
+        return False
+
+
+COMPILE_FAILURES = _CompileFailures()
+
+
+def fall_back_when_compile_fails() -> None:
+    """A compilation that fails, at the warm-up or later, leaves that code eager instead of ending the
+    run: torch's own fallback (dynamo's suppress_errors), with the backward graph compiled together
+    with the forward one (by default it compiles at the first backward pass, outside that fallback,
+    where its failure would end the run), and dynamo's report as one line (_CompileFailures)."""
+    import torch._dynamo
+    import torch._functorch.config
+
+    torch._dynamo.config.suppress_errors = True
+    torch._functorch.config.force_non_lazy_backward_lowering = True
+    COMPILE_FAILURES.reason = None
+    dynamo = logging.getLogger("torch._dynamo.convert_frame")
+    if COMPILE_FAILURES not in dynamo.filters:
+        dynamo.addFilter(COMPILE_FAILURES)
+
+
+def compile_outcome() -> str:
+    """For the results of a compiled run: 'yes', or 'fell back: <the first failure>'."""
+    return "yes" if COMPILE_FAILURES.reason is None else f"fell back: {COMPILE_FAILURES.reason}"
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
@@ -237,6 +280,7 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
         from .attention import keep_mask_when_compiled
 
         keep_mask_when_compiled(model)
+        fall_back_when_compile_fails()
     return model, tokenizer
 
 

@@ -111,7 +111,8 @@ def results_markdown(results: dict, env: dict) -> str:
             ("world size", env["distributed"].get("WORLD_SIZE", "1")),
             ("SLURM job", env["slurm"].get("SLURM_JOB_ID")), ("git commit", env["git_commit"]),
             ("wall clock, whole run", fmt("WALL_CLOCK_SECONDS", " s", 1)),
-            ("adjusted to the device", "; ".join(cfg.get("adjusted") or ()) or None)]
+            ("adjusted to the device", "; ".join(cfg.get("adjusted") or ()) or None),
+            ("compiled (torch.compile)", results.get("compiled"))]
     if cfg.get("do_train"):
         # The Trainer's clock runs through evaluations during training; say so where there were some.
         evals = results.get("eval_during_training_count")
@@ -230,10 +231,13 @@ def communication_rows(results: dict, fmt) -> list:
     return rows
 
 
-def finish_run(output_dir, wall_clock_seconds: float, env: dict) -> dict:
+def finish_run(output_dir, wall_clock_seconds: float, env: dict, extra=None) -> dict:
+    """all_results.json completed with the wall clock and `extra` (what only the end of a run knows),
+    and results.md from it."""
     output_dir = Path(output_dir)
     path = output_dir / "all_results.json"
     results = read_json(path) if path.exists() else {}
+    results.update(extra or {})
     results["WALL_CLOCK_SECONDS"] = round(wall_clock_seconds, 3)
     atomic_write_json(path, results)
     write_generated_data(output_dir, env["config"])

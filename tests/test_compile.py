@@ -5,6 +5,7 @@ batch shape before training without changing what training does (qa.trial_steps)
 
 The compiled runs take 30-90 s each on 2 cores; QA_TEST_COMPILE=0 skips them."""
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -157,3 +158,76 @@ def test_compile_warm_up_leaves_training_unchanged(tmp_path):
     assert runs[True][2]["compile_warmup_shapes"] == [[4, 32], [4, 48], [4, 64]]
     assert runs[True][0] == runs[False][0] and len(runs[True][0]) == 6
     assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
+
+
+def _fails(gm, example_inputs):
+    raise RuntimeError("simulated inductor error\nwith a second line")
+
+
+def _backward_fails():
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=_fails)
+
+
+@pytest.mark.parametrize("backend", [lambda: _fails, _backward_fails], ids=["forward", "backward"])
+def test_a_failed_compilation_runs_eagerly_and_says_so_in_one_line(backend, caplog):
+    """A backend that fails (as inductor or Triton may, at the warm-up or at a later shape): the code
+    runs eagerly with the same results, and one warning line names the failure instead of dynamo's
+    report and its traceback. The backward graph too, though torch compiles it at the first backward
+    pass unless told otherwise."""
+    import torch
+
+    from qa.model import compile_outcome, fall_back_when_compile_fails
+
+    torch._dynamo.reset()
+    fall_back_when_compile_fails()
+    dynamo = logging.getLogger("torch._dynamo.convert_frame")
+    dynamo.addHandler(caplog.handler)  # what dynamo itself would show
+    try:
+        with caplog.at_level(logging.WARNING):
+            model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+            out = torch.compile(model, backend=backend())(x)
+            out.sum().backward()
+    finally:
+        dynamo.removeHandler(caplog.handler)
+        torch._dynamo.reset()
+    torch.testing.assert_close(out, model(x))
+    assert compile_outcome() == "fell back: RuntimeError: simulated inductor error"
+    assert [r.getMessage() for r in caplog.records] == [
+        "torch.compile failed (RuntimeError: simulated inductor error): the code it was compiling runs eagerly, the "
+        "run goes on"]
+
+
+@pytest.mark.slow
+@needs_compile
+def test_run_goes_on_eagerly_when_inductor_fails(tmp_path, monkeypatch, caplog, capfd):
+    """The real compile path (the Trainer's torch.compile, inductor, the warm-up, evaluation) with
+    inductor made to fail: torch's own test switch writes C++ that does not compile for every ReLU,
+    in a tiny BERT with ReLU activations. The run finishes, and its results say it fell back."""
+    import torch
+
+    from qa.model import TINY_BERT_SHAPE, build_random_bert
+    from run_qa import main
+    from tests.helpers import go_offline
+
+    go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR",))
+    model = build_random_bert(tmp_path / "relu-bert", {**TINY_BERT_SHAPE, "hidden_act": "relu"})
+    out = tmp_path / "out"
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}):
+        code = main(["--model_name_or_path", str(model), "--dataset_name", "synthetic", "--synthetic_train_examples",
+                     "32", "--synthetic_eval_examples", "8", "--do_train", "--do_eval", "--max_steps", "2",
+                     "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32",
+                     "--per_device_train_batch_size", "8", "--use_cpu", "true", "--torch_compile", "true",
+                     "--compile_warmup", "true", "--report_to", "none", "--save_strategy", "no",
+                     "--output_dir", str(out)])
+    torch._dynamo.reset()
+    err = capfd.readouterr().err
+    assert code == 0, err[-3000:]
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["compiled"].startswith("fell back: ") and "eval_f1" in results, results
+    assert f"| compiled (torch.compile) | {results['compiled']} |" in (out / "results.md").read_text()
+    failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("torch.compile failed (")]
+    assert len(failed) == 1 and "Traceback" not in err, err[-3000:]
