@@ -20,13 +20,14 @@ import sys  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import torch  # noqa: E402
 from transformers import default_data_collator, set_seed  # noqa: E402
 
 from qa.cache import cached_features, default_cache_dir  # noqa: E402
 from qa.callbacks import RunCallbacks  # noqa: E402
-from qa.checkpoints import find_checkpoint  # noqa: E402
+from qa.checkpoints import check_no_finished_run, find_checkpoint, run_record  # noqa: E402
 from qa.collate import BucketPaddingCollator, add_length_column  # noqa: E402
-from qa.config import finalize, parse_args  # noqa: E402
+from qa.config import finalize, out_of_memory, parse_args  # noqa: E402
 from qa.console import configure_logging  # noqa: E402
 from qa.data import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
@@ -95,20 +96,27 @@ def run(argv):
                                                     compile=training_args.torch_compile)
         check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
         check_model_and_tokenizer(model, tokenizer, data_args)
+        limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+                  "test": data_args.max_predict_samples}
+        examples = {s: select_examples(raw[s], limits[s]) for s in raw}
+        # What a checkpoint's steps mean. It must fit the one resumed; nothing a finished run wrote is overwritten
+        # by a run that trains less. Checked (and the checkpoint chosen, verified, damaged ones moved aside) once
+        # for all ranks.
+        record = None if not training_args.do_train else run_record(model.config, training_args, data_args,
+                                                                    examples["train"])
         checkpoint = None
-        if training_args.do_train:  # chosen, verified, and damaged ones moved aside, once for all ranks
-            checkpoint = on_main_rank(lambda: find_checkpoint(training_args.output_dir, run_args.resume))
-        return _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args,
-                                   checkpoint, cache_root)
+        if training_args.do_train or run_args.resume == "never":
+            checkpoint = on_main_rank(lambda: find_checkpoint(training_args.output_dir, run_args.resume, record))
+        else:
+            on_main_rank(lambda: check_no_finished_run(training_args.output_dir))
+        return _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args,
+                                   checkpoint, cache_root, record)
     finally:
         lock.release()
 
 
-def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, training_args, checkpoint,
-                        cache_root):
-    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
-              "test": data_args.max_predict_samples}
-    examples = {s: select_examples(raw[s], limits[s]) for s in raw}
+def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args, checkpoint,
+                        cache_root, record):
     features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples}
 
     train_stats = token_stats(features["train"]) if "train" in features else None
@@ -123,7 +131,7 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
         model=model, args=training_args, train_dataset=features.get("train"),
         eval_dataset=features.get("validation"), eval_examples=examples.get("validation"),
         processing_class=tokenizer, data_collator=collator, post_processing=PostProcessing.from_args(data_args),
-        log_extras=callbacks.log_values)
+        log_extras=callbacks.log_values, checkpoint_record=record)
     callbacks.install(trainer)
 
     config = {**asdict(model_args), **asdict(data_args), **asdict(run_args), **training_args.to_dict()}
@@ -135,7 +143,10 @@ def _train_and_evaluate(model, tokenizer, raw, model_args, data_args, run_args, 
 
     if training_args.do_train:
         with evaluated_during_training(trainer, run_args):
-            result = trainer.train(resume_from_checkpoint=checkpoint)
+            try:
+                result = trainer.train(resume_from_checkpoint=checkpoint)
+            except torch.OutOfMemoryError as err:  # one line and its status; the checkpoints stay as they are
+                raise out_of_memory(training_args, err) from None
         stopped_at = callbacks.stopped_at()
         if stopped_at is not None:
             # Stopped on SIGTERM with checkpoint-N saved: unfinished, so no results are written;

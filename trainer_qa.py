@@ -105,15 +105,17 @@ def check_trainer_contracts(trainer_cls=Trainer, version: str = transformers.__v
 
 class QuestionAnsweringTrainer(Trainer):
     def __init__(self, *args, eval_examples=None, post_processing: PostProcessing = PostProcessing(),
-                 log_extras=None, **kwargs):
+                 log_extras=None, checkpoint_record=None, **kwargs):
         """`eval_examples`: the questions behind `eval_dataset` (its features);
         `post_processing`: how logits become answers (qa.postprocess.PostProcessing);
         `log_extras`: a function of a log entry returning values to add to it (the run's
-        throughput figures, qa.callbacks.RunCallbacks.log_values)."""
+        throughput figures, qa.callbacks.RunCallbacks.log_values); `checkpoint_record`: what the
+        checkpoints' steps mean (qa.checkpoints.run_record), kept in their completion markers."""
         super().__init__(*args, **kwargs)
         self.eval_examples = eval_examples
         self.post_processing = post_processing
         self.log_extras = log_extras
+        self.checkpoint_record = checkpoint_record
 
     def log(self, logs, start_time=None):
         # Why: Trainer.log stores `logs` before callbacks see them, so the run's figures join here (documented).
@@ -156,7 +158,7 @@ class QuestionAnsweringTrainer(Trainer):
         self.accelerator.wait_for_everyone()  # every rank's part (its RNG state, its FSDP shards) is written
         if self.args.should_save:
             give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
-            write_marker(folder, self.state.global_step)  # every file's size and hash, for resuming
+            write_marker(folder, self.state.global_step, self.checkpoint_record)  # files' sizes and hashes; the run
             rotate_checkpoints(output_dir=os.path.dirname(folder), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 

@@ -28,7 +28,7 @@ def default_cache_dir() -> Path:
     return Path(hf_home) / "squad_features"
 
 
-def _table_digest(dataset) -> str:
+def table_digest(dataset) -> str:
     h = hashlib.sha256()
     sink = pa.BufferOutputStream()
     table = dataset.with_format("arrow")[:]  # the rows it holds, also for a select()ed view
@@ -67,7 +67,7 @@ def _tokenizer_digest(tokenizer) -> str:
 
 def features_key(examples, tokenizer, fn, params: dict) -> str:
     parts = {
-        "examples": _table_digest(examples),
+        "examples": table_digest(examples),
         "tokenizer": _tokenizer_digest(tokenizer),
         "function": fn.__name__,
         "code": hashlib.sha256(inspect.getsource(features_module).encode()).hexdigest(),

@@ -4,8 +4,13 @@ A checkpoint counts once it holds COMPLETE_MARKER, written atomically after ever
 saving (QuestionAnsweringTrainer._save_checkpoint), so a job killed while saving never resumes
 from a torn folder. The marker lists each file's size and xxh3-128 hash (a bert-base checkpoint,
 1.3 GB, hashes in about 0.3 s from the page cache), so a file damaged later (a cut copy, a full
-disk) is caught before resuming and the next newest checkpoint that verifies is used. README,
-"Resuming"."""
+disk) is caught before resuming and the next newest checkpoint that verifies is used.
+
+The marker also records what the checkpoint's steps mean (run_record: the model, the global
+batch, the windows, the training data), so that a run whose settings would change that is
+refused before anything is written (check_resume), as is a run that would train no further than
+the checkpoint or than the finished run of its folder: it would overwrite that run's results with
+those of a run that trained less. README, "Resuming"."""
 import json
 import logging
 import re
@@ -19,6 +24,7 @@ import xxhash
 
 from .errors import InputError
 from .io import atomic_write_json, read_json
+from .runlock import LOCK_NAME as LOCK
 
 logger = logging.getLogger(__name__)
 COMPLETE_MARKER = "checkpoint_complete.json"
@@ -57,12 +63,111 @@ def _files(folder: Path) -> dict:
             if p.is_file() and p.name != COMPLETE_MARKER}
 
 
-def write_marker(folder, global_step: int) -> None:
-    """Mark `folder` complete, recording what its files are so that they can be verified."""
+def write_marker(folder, global_step: int, run=None) -> None:
+    """Mark `folder` complete, recording what its files are so that they can be verified, and the
+    run_record of the run that wrote it."""
     folder = Path(folder)
     files = {name: {"size": path.stat().st_size, HASH: file_hash(path)} for name, path in _files(folder).items()}
     atomic_write_json(folder / COMPLETE_MARKER, {"format": MARKER_FORMAT, "global_step": global_step,
-                                                 "files": files})
+                                                 "files": files, "run": run})
+
+
+def run_record(model_config, training_args, data_args, train_examples) -> dict:
+    """What a checkpoint's steps mean (the model's shape, the global batch, the windows, the
+    training data: another value of any of these is refused), how the run splits its batch and
+    where it ends (these may change)."""
+    from .cache import table_digest
+
+    args = training_args
+    shape = {k: v for k, v in model_config.to_dict().items()
+             if k == "model_type" or (type(v) is int and not k.endswith("_token_id"))}
+    return {"model": shape,
+            "global batch": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
+            "max_seq_length": data_args.max_seq_length, "doc_stride": data_args.doc_stride,
+            "training data": f"{len(train_examples):,} questions, content {table_digest(train_examples)[:12]}",
+            "per-device batch": f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation "
+                                f"x {args.world_size} processes",
+            "num_train_epochs": args.num_train_epochs, "max_steps": args.max_steps}
+
+
+MEANING = ("model", "global batch", "max_seq_length", "doc_stride", "training data")
+MAY_CHANGE = ("per-device batch", "num_train_epochs", "max_steps")
+# In output_dir, written once a training has finished (Trainer.save_state): its step and epoch.
+FINISHED = "trainer_state.json"
+
+
+def _changes(recorded: dict, run: dict, keys) -> list:
+    """[(what, recorded value, this run's value)] for the `keys` that differ."""
+    changed = []
+    for key in keys:
+        was, now = recorded.get(key), run.get(key)
+        if key == "model" and isinstance(was, dict):
+            changed += [(f"model {k}", was.get(k), now.get(k)) for k in sorted({*was, *now})
+                        if was.get(k) != now.get(k)]
+        elif was is not None and was != now:
+            changed.append((key, *(f"{v:g}" if isinstance(v, float) else v for v in (was, now))))
+    return changed
+
+
+def _progress(path):
+    """(global_step, epoch) of a trainer_state.json, or None."""
+    try:
+        state = read_json(path)
+        return int(state["global_step"]), float(state["epoch"] or 0)
+    except (InputError, KeyError, TypeError, ValueError):
+        return None
+
+
+def finished_run(output_dir):
+    """(global_step, epoch) of the training that finished in output_dir, or None."""
+    return _progress(Path(output_dir) / FINISHED)
+
+
+def finished_run_error(output_dir, done, why: str, longer: str = "") -> InputError:
+    """The refusal of a run that would overwrite the finished run `done` ((step, epoch)) of output_dir."""
+    step, epoch = done
+    return InputError(str(output_dir), f"holds a finished run (trained to step {step}, epoch {epoch:g}); {why}",
+                      f"{longer}to train afresh, --resume never (moves that run to previous-<time>/ there) or another "
+                      f"--output_dir; to evaluate it again, --model_name_or_path {output_dir} --do_eval with another "
+                      "--output_dir")
+
+
+def check_no_finished_run(output_dir) -> None:
+    """A run that does not train would overwrite the results of a finished one: refused."""
+    finished = finished_run(output_dir)
+    if finished:
+        raise finished_run_error(output_dir, finished, "a run that does not train would overwrite its results")
+
+
+def check_resume(checkpoint, run: dict, finished=None) -> None:
+    """Before anything is written: InputError when resuming `checkpoint` with this run's run_record
+    `run` would change what its steps mean, or would train no further than the checkpoint or than
+    the finished run of its folder (`finished`: finished_run); one line for each change that
+    stays allowed (another split of the same global batch, after an out-of-memory error; a longer
+    training)."""
+    checkpoint = Path(checkpoint)
+    recorded = (_marker(checkpoint) or {}).get("run") or {}  # none in markers of earlier versions
+    changed = "; ".join(f"{what} {was} (this run: {now})" for what, was, now in _changes(recorded, run, MEANING))
+    if changed:
+        raise InputError(str(checkpoint), f"was written by a run whose steps mean something else: {changed}",
+                         "resume it with the settings it was written with, or start afresh: --resume never (moves the "
+                         "earlier run to previous-<time>/) or another --output_dir")
+    done = _progress(checkpoint / "trainer_state.json") or (0, 0.0)
+    if finished and finished[0] > done[0]:
+        done = finished
+    step, epoch = done
+    # The Trainer's end: --max_steps, else the epochs (the checkpoint's epoch counts those done).
+    if (run["max_steps"] > step) if run["max_steps"] > 0 else (run["num_train_epochs"] > epoch + 1e-9):
+        for what, was, now in _changes(recorded, run, MAY_CHANGE):
+            logger.warning("resuming %s with %s %s (it was written with %s)", checkpoint.name, what, now, was)
+        return
+    end = (f"--max_steps {run['max_steps']}" if run["max_steps"] > 0
+           else f"--num_train_epochs {run['num_train_epochs']:g}")
+    longer = f"to train longer, raise --num_train_epochs above {epoch:g} (or --max_steps above {step}); "
+    if done == finished:
+        raise finished_run_error(checkpoint.parent, done, f"this run ({end}) would train no further", longer)
+    raise InputError(str(checkpoint), f"is at step {step}, epoch {epoch:g}, where this run ({end}) ends: it would "
+                     "train nothing", longer + "to train afresh, --resume never or another --output_dir")
 
 
 def _marker(folder: Path):
@@ -153,13 +258,20 @@ def _safetensors_problem(path: Path):
     return None
 
 
-def find_checkpoint(output_dir, resume: str):
+def find_checkpoint(output_dir, resume: str, run=None):
     """'auto': the newest complete checkpoint in output_dir whose files verify (torn ones and
     damaged newer ones are moved aside); none to verify: None, fresh start; only damaged ones:
-    InputError. 'never': none, and old checkpoints are moved aside so they cannot mix into the
-    new run. Otherwise the given checkpoint folder, which must verify.
+    InputError. 'never': none, and the earlier run (checkpoints, results, events) is moved aside
+    so that nothing of it mixes into the new run. Otherwise the given checkpoint folder, which
+    must verify. With this run's run_record `run`, the checkpoint must fit it (check_resume), and
+    a finished run in output_dir is not started over; both are checked before anything is moved.
     Run by the main rank only (qa.ranks.on_main_rank): it moves folders."""
-    if resume not in ("auto", "never"):
+    if resume == "never":
+        earlier = [p for p in Path(output_dir).iterdir() if p.name != LOCK and not _ASIDE.match(p.name)]
+        _move_aside(output_dir, earlier, "previous")
+        return None
+    finished = finished_run(output_dir) if run is not None else None
+    if resume != "auto":
         if not is_complete(resume):
             raise InputError(resume, "not a complete checkpoint folder (no checkpoint_complete.json)",
                              "pass --resume auto, never, or a checkpoint-N folder written by this tool")
@@ -168,12 +280,11 @@ def find_checkpoint(output_dir, resume: str):
             raise InputError(resume, f"damaged checkpoint: {problem}",
                              "pass --resume auto (the newest checkpoint that verifies), another checkpoint-N "
                              "folder, or --resume never to start afresh")
+        if run is not None:
+            check_resume(resume, run, finished)
         _warn_if_unverifiable(resume)
         return resume
     found = checkpoints(output_dir)
-    if resume == "never":
-        _move_aside(output_dir, [p for _, p in found], "previous")
-        return None
     complete = [p for _, p in found if is_complete(p)]
     torn = [p for _, p in found if not is_complete(p)]
     damaged, chosen = [], None
@@ -188,6 +299,11 @@ def find_checkpoint(output_dir, resume: str):
         raise InputError(str(output_dir), f"none of its {len(damaged)} complete checkpoint(s) can be resumed "
                          f"({listed})", "pass --resume never to start afresh (the checkpoints are moved to "
                          "previous-<time>/), or restore the damaged files")
+    if chosen is not None and run is not None:
+        check_resume(chosen, run, finished)
+    elif finished:
+        raise finished_run_error(output_dir, finished, "without a checkpoint to continue from, this run would start "
+                                 "afresh over it")
     _move_aside(output_dir, torn, "incomplete")
     aside = _move_aside(output_dir, [path for path, _ in damaged], "damaged", log=False)
     for path, problem in damaged:  # one line each
@@ -205,6 +321,9 @@ def _warn_if_unverifiable(path) -> None:
                        "checked by format only", Path(path).name)
 
 
+_ASIDE = re.compile(r"^(previous|incomplete|damaged)-\d{8}-\d{6}$")  # what _move_aside makes
+
+
 def _move_aside(output_dir, paths, label, log=True):
     if not paths:
         return None
@@ -213,5 +332,5 @@ def _move_aside(output_dir, paths, label, log=True):
     for p in paths:
         shutil.move(str(p), aside / p.name)
     if log:
-        logger.warning("moved %d %s checkpoint(s) to %s", len(paths), label, aside)
+        logger.warning("moved %s to %s", ", ".join(sorted(p.name for p in paths)), aside)
     return aside

@@ -9,7 +9,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from .args import DataArguments, ModelArguments, RunArguments
 from .cmdline import DEFAULT_OUTPUT_DIR, expand
 from .console import configure_output
-from .errors import InputError
+from .errors import EXIT_OUT_OF_MEMORY, InputError
 from .settings import check_settings
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
@@ -157,3 +157,17 @@ def split_global_batch(global_batch: int, world: int, per_device_max: int) -> tu
     per_rank = global_batch // world
     accumulation = next(a for a in range(1, per_rank + 1) if per_rank % a == 0 and per_rank // a <= per_device_max)
     return per_rank // accumulation, accumulation
+
+
+def out_of_memory(training_args, error) -> InputError:
+    """The line for the device running out of memory in a training step: the per-device batch and
+    the fix that keeps the global batch, so that the run resumes from its checkpoints (qa.checkpoints
+    allows another split of the same global batch)."""
+    batch = training_args.per_device_train_batch_size
+    global_batch = batch * training_args.gradient_accumulation_steps * training_args.world_size
+    fix = (f"pass a smaller --per_device_train_batch_size (e.g. {batch // 2}) with --global_batch {global_batch}: the "
+           "same global batch, gradient accumulation making up the rest; the run resumes from its last checkpoint"
+           if batch > 1 else "lower --max_seq_length, or use a device with more memory")
+    said = (str(error).strip().splitlines() or ["OutOfMemoryError"])[0][:160]
+    return InputError(f"per_device_train_batch_size={batch}", f"the device ran out of memory in a training step "
+                      f"({said})", fix, exit_code=EXIT_OUT_OF_MEMORY)

@@ -3,26 +3,28 @@
 An `InputError`'s message is a single line that names the file, record or setting at fault and
 says how to fix it. Every command of the project (run_qa.py, utils_qa.py score, tools/prefetch.py,
 tools/scaling_report.py, ...) runs its main function through `command`, which prints the message
-as `error: <message>` on stderr and exits with status 2; anything else is a bug and keeps its
+as `error: <message>` on stderr and exits with the error's status: 2, or the distinct status of a
+failure the user fixes the same way (EXIT_OUT_OF_MEMORY); anything else is a bug and keeps its
 traceback.
 """
 import functools
 import sys
 
 EXIT_INPUT_ERROR = 2
+EXIT_OUT_OF_MEMORY = 3  # the device ran out of memory in a training step: a smaller per-device batch
 
 
 class InputError(Exception):
-    def __init__(self, where: str, problem: str, fix: str):
-        self.where, self.problem, self.fix = where, problem, fix
+    def __init__(self, where: str, problem: str, fix: str, exit_code: int = EXIT_INPUT_ERROR):
+        self.where, self.problem, self.fix, self.exit_code = where, problem, fix, exit_code
         super().__init__(f"{where}: {problem}. Fix: {fix}")
 
     def __reduce__(self):  # whole across processes (datasets.map with num_proc, DataLoader workers)
-        return type(self), (self.where, self.problem, self.fix)
+        return type(self), (self.where, self.problem, self.fix, self.exit_code)
 
 
 def command(main):
-    """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and exit 2;
+    """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and its exit status;
     argparse's --help (help printed, then SystemExit(0)) returns 0 like any finished command."""
     @functools.wraps(main)
     def run(*args, **kwargs):
@@ -30,7 +32,7 @@ def command(main):
             return main(*args, **kwargs)
         except InputError as err:
             print(f"error: {err}", file=sys.stderr)
-            return EXIT_INPUT_ERROR
+            return err.exit_code
         except SystemExit as exit_:
             if exit_.code in (0, None):
                 return 0

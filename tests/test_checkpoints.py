@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from qa.checkpoints import COMPLETE_MARKER, HASH, check_checkpoint, find_checkpoint, is_verifiable, write_marker
+from qa.checkpoints import (COMPLETE_MARKER, HASH, check_checkpoint, file_hash, find_checkpoint, is_verifiable,
+                            write_marker)
 from qa.errors import InputError
 from tests.helpers import go_offline
 from tests.test_run_qa import TINY
@@ -116,15 +117,31 @@ COMMON = [*TINY, "--do_train", "--save_strategy", "steps", "--save_steps", "2", 
           "--report_to", "none"]
 
 
+def _trained(tmp_path_factory, name, args):
+    """The output folder of run_qa.main with `args`, in-process and offline."""
+    from run_qa import main
+
+    out = tmp_path_factory.mktemp(name) / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        go_offline(mp, tmp_path_factory.getbasetemp() / "hf_ckpt")
+        assert main([*args, "--output_dir", str(out)]) == 0
+    return out
+
+
+def _copy(trained, tmp_path, monkeypatch, args):
+    """A copy of a trained output folder, and run_qa.main on it with `args` (and more)."""
+    from run_qa import main
+
+    go_offline(monkeypatch, trained.parents[1] / "hf_ckpt")
+    out = tmp_path / "out"
+    shutil.copytree(trained, out)
+    return out, lambda *more: main([*args, "--output_dir", str(out), *more])
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """checkpoint-2, -4 and -6 of a 6-step run."""
-    from run_qa import main
-
-    out = tmp_path_factory.mktemp("trained") / "out"
-    with pytest.MonkeyPatch.context() as mp:
-        go_offline(mp, tmp_path_factory.getbasetemp() / "hf_ckpt")
-        assert main([*COMMON, "--max_steps", "6", "--output_dir", str(out)]) == 0
+    out = _trained(tmp_path_factory, "trained", [*COMMON, "--max_steps", "6"])
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     return out
 
@@ -132,12 +149,7 @@ def trained(tmp_path_factory):
 @pytest.fixture
 def run(trained, tmp_path, monkeypatch):
     """A copy of the trained output folder, and run_qa.main on it."""
-    from run_qa import main
-
-    go_offline(monkeypatch, trained.parents[1] / "hf_ckpt")
-    out = tmp_path / "out"
-    shutil.copytree(trained, out)
-    return out, lambda *args: main([*COMMON, "--output_dir", str(out), *args])
+    return _copy(trained, tmp_path, monkeypatch, COMMON)
 
 
 def _errors(capsys):
@@ -148,7 +160,9 @@ def _errors(capsys):
 
 
 def _tree(folder):
-    return sorted((p.relative_to(folder).as_posix(), p.stat().st_size) for p in folder.rglob("*") if p.is_file())
+    """Every file below `folder`, with its size and content hash."""
+    return sorted((p.relative_to(folder).as_posix(), p.stat().st_size, file_hash(p)) for p in folder.rglob("*")
+                  if p.is_file())
 
 
 @pytest.mark.parametrize("damage, problem", [
@@ -185,8 +199,9 @@ def test_no_checkpoint_verifies(run, capsys):
                                                "(checkpoint-6: model.safetensors differs"), err
     assert "Fix: pass --resume never to start afresh" in err[0]
     assert _tree(out) == before, "nothing moved or written"
-    assert main("--max_steps", "2", "--resume", "never") == 0  # the fix works
-    assert [p.name for p in sorted(out.glob("previous-*/*"))] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert main("--max_steps", "2", "--resume", "never") == 0  # the fix works: the earlier run moved aside, whole
+    assert {"checkpoint-2", "checkpoint-4", "checkpoint-6", "all_results.json", "trainer_state.json"} <= {
+        p.name for p in out.glob("previous-*/*")}
 
 
 def test_explicit_damaged_checkpoint_stops_the_run(run, capsys):
@@ -213,3 +228,129 @@ def test_real_checkpoint_with_an_earlier_marker(trained, tmp_path):
     shutil.copy(trained / "checkpoint-6" / "model.safetensors", weights)
     _flip(folder / "optimizer.pt")
     assert check_checkpoint(folder).startswith("optimizer.pt member ")
+
+
+# ---------------------------------------------------------------------------------------------
+# A finished run is never overwritten by one that trains less, and a checkpoint resumes only
+# under settings that keep what its steps mean. A small run by epochs: 64 questions, batch 16.
+
+SMALL = [*TINY, "--synthetic_train_examples", "64", "--synthetic_eval_examples", "16", "--per_device_train_batch_size",
+         "16", "--num_train_epochs", "1", "--do_train", "--do_eval", "--save_strategy", "steps", "--save_steps", "2",
+         "--report_to", "none"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    return _trained(tmp_path_factory, "finished", SMALL)
+
+
+@pytest.fixture
+def rerun(finished, tmp_path, monkeypatch):
+    """A copy of the finished run's folder, its files, and run_qa.main on it with SMALL's settings."""
+    out, main = _copy(finished, tmp_path, monkeypatch, SMALL)
+    return out, _tree(out), main
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [(), ("--do_train", "false")], ids=["the same command", "evaluation only"])
+def test_a_finished_run_is_not_overwritten(args, rerun, capsys):
+    out, before, main = rerun
+    step = json.loads((out / "trainer_state.json").read_text())["global_step"]
+    assert main(*args) == 2
+    err = _errors(capsys)
+    assert len(err) == 1, err
+    assert err[0].startswith(f"error: {out}: holds a finished run (trained to step {step}, epoch 1); "), err
+    assert "--resume never (moves that run to previous-<time>/ there) or another --output_dir" in err[0]
+    assert f"to evaluate it again, --model_name_or_path {out} --do_eval with another --output_dir" in err[0]
+    assert _tree(out) == before
+
+
+@pytest.mark.slow
+def test_resume_never_moves_a_finished_run_aside_whole(rerun):
+    out, before, main = rerun
+    assert main("--resume", "never") == 0
+    aside = list(out.glob("previous-*"))
+    assert len(aside) == 1 and _tree(aside[0]) == before  # the earlier run, every file as it was
+    assert (out / "all_results.json").is_file() and (out / "checkpoint-2").is_dir()  # and the new one beside it
+
+
+@pytest.mark.slow
+def test_more_epochs_train_a_finished_run_further(rerun, caplog):
+    out, _, main = rerun
+    step = json.loads((out / "trainer_state.json").read_text())["global_step"]
+    with caplog.at_level(logging.INFO):
+        assert main("--num_train_epochs", "2") == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "qa.checkpoints" and r.levelno == logging.WARNING]
+    assert said == [f"resuming checkpoint-{step} with num_train_epochs 2 (it was written with 1)"]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2 * step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, differs", [
+    ("model", "model hidden_size 64 (this run: 32); model intermediate_size 256 (this run: 128)"),
+    (["--per_device_train_batch_size", "8"], "global batch 16 (this run: 8)"),
+    (["--max_seq_length", "96", "--doc_stride", "24"],
+     "max_seq_length 128 (this run: 96); doc_stride 32 (this run: 24)"),
+    (["--synthetic_seed", "7"], "training data 64 questions, content "),
+], ids=["another model", "another global batch", "other windows", "other training data"])
+def test_a_checkpoint_whose_steps_mean_something_else_is_refused(change, differs, rerun, tmp_path, capsys):
+    """Even with more epochs, before anything is written; another model would fail to load its
+    weights (size mismatch) with a traceback, the others would train on silently."""
+    from qa.model import TINY_BERT_SHAPE, build_random_bert
+
+    out, before, main = rerun
+    if change == "model":
+        change = ["--model_name_or_path", str(build_random_bert(tmp_path / "narrower", {
+            **TINY_BERT_SHAPE, "hidden_size": 32, "intermediate_size": 128}))]
+    last = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert main(*change, "--num_train_epochs", "2") == 2
+    err = _errors(capsys)
+    assert len(err) == 1 and err[0].startswith(f"error: {last}: was written by a run whose steps mean something else: "
+                                               f"{differs}"), err
+    assert err[0].endswith("Fix: resume it with the settings it was written with, or start afresh: --resume never "
+                           "(moves the earlier run to previous-<time>/) or another --output_dir")
+    assert _tree(out) == before
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_a_step_says_what_to_do_and_the_smaller_batch_resumes(tmp_path, monkeypatch, capsys,
+                                                                                caplog):
+    """CUDA running out of memory at step 3 (raised on a CPU, as torch raises it): one line naming the
+    per-device batch and the fix, exit status 3, checkpoint-2 as it was saved; the fix resumes from it."""
+    import functools
+
+    import torch
+    from transformers import BertForQuestionAnswering
+
+    from run_qa import main
+
+    go_offline(monkeypatch, tmp_path / "hf")
+    out = tmp_path / "out"
+    forward, calls = BertForQuestionAnswering.forward, []
+
+    @functools.wraps(forward)
+    def runs_out_at_step_3(self, *args, **kwargs):
+        calls.append(self.training)
+        if calls.count(True) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                                         "of 15.77 GiB of which 1.05 GiB is free.")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(BertForQuestionAnswering, "forward", runs_out_at_step_3)
+    assert main([*SMALL, "--output_dir", str(out)]) == 3
+    err = _errors(capsys)
+    assert err == ["error: per_device_train_batch_size=16: the device ran out of memory in a training step (CUDA "
+                   "out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.77 GiB of which 1.05 "
+                   "GiB is free.). Fix: pass a smaller --per_device_train_batch_size (e.g. 8) with --global_batch 16: "
+                   "the same global batch, gradient accumulation making up the rest; the run resumes from its last "
+                   "checkpoint"]
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
+    assert check_checkpoint(out / "checkpoint-2") is None
+    assert not (out / "all_results.json").exists() and not (out / "run.lock").exists()
+    monkeypatch.setattr(BertForQuestionAnswering, "forward", forward)
+    with caplog.at_level(logging.INFO):
+        assert main([*SMALL, "--output_dir", str(out), "--per_device_train_batch_size", "8",
+                     "--global_batch", "16"]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "qa.checkpoints" and r.levelno == logging.WARNING]
+    assert said == ["resuming checkpoint-2 with per-device batch 8 x 2 accumulation x 1 processes (it was written with "
+                    "16 x 1 accumulation x 1 processes)"]
