@@ -191,7 +191,16 @@ def evaluated_during_training(trainer, run_args):
     if run_args.eval_every_questions is None:
         return contextlib.nullcontext()
     examples, features = first_questions(trainer.eval_examples, trainer.eval_dataset, run_args.eval_every_questions)
-    return attributes_set(trainer, eval_examples=examples, eval_dataset=features)
+    return _subset_evaluated(trainer, examples, features)
+
+
+@contextlib.contextmanager
+def _subset_evaluated(trainer, examples, features):
+    with attributes_set(trainer, eval_examples=examples, eval_dataset=features):
+        yield
+    # Internal: with persistent workers the Trainer keeps its eval DataLoader under "eval" whatever the
+    # dataset, so the subset's loader would feed the final evaluation (fewer logits than features).
+    getattr(trainer, "_eval_dataloaders", {}).pop("eval", None)
 
 
 @command

@@ -142,6 +142,18 @@ def test_evaluating_during_training_changes_nothing_in_training(tmp_path, tmp_pa
 
 
 @pytest.mark.slow
+def test_the_final_evaluation_takes_every_question_with_persistent_workers(tmp_path, tmp_path_factory):
+    """configs/fast.json keeps DataLoader workers alive, and the Trainer then reuses its eval loader:
+    the one over the subset evaluated during training must not serve the final evaluation."""
+    out = _run(tmp_path, _env(tmp_path_factory), "persistent", [
+        "--eval_every", "0.5", "--eval_every_questions", "40", "--dataloader_num_workers", "1",
+        "--dataloader_persistent_workers", "true"])
+    res = results(out)
+    assert res["eval_examples"] == res["eval_predictions"] == 100
+    assert json.loads((out / "time_to_accuracy.json").read_text())["evaluations"]
+
+
+@pytest.mark.slow
 def test_never_reached_target_is_null(tmp_path, tmp_path_factory):
     out = _run(tmp_path, _env(tmp_path_factory), "unreached", ["--eval_every", "0.5", "--target_f1", "99.9",
                                                                "--num_train_epochs", "1"])
