@@ -28,7 +28,9 @@
 #                 [${STORE:-$HOME}/venvs/bert-squad.env.sh]
 #   CONFIG        JSON config, if not given as the first argument [configs/reference.json]
 #                 (a relative path is looked up in the submit folder, then in the repository)
-#   OUTPUT_DIR    passed as --output_dir (before RUN_ARGS and the arguments, which win)
+#   OUTPUT_DIR    passed as --output_dir (before RUN_ARGS and the arguments, which win); a relative
+#                 one, like the configs', is under the submit folder: submit from a folder on $LUSTRE
+#                 (a bert-base run keeps about 3 GB there; a folder under $HOME gets a warning)
 #   RUN_ARGS      more run_qa.py arguments, split on spaces ("--seed 7 --max_steps 100")
 #   GLOBAL_BATCH  keep the global batch at this size: run_qa.py's --global_batch (per-device batch x
 #                 gradient accumulation)

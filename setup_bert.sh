@@ -12,7 +12,9 @@
 #
 # Environment, [default]:
 #   MODULES       loaded when `module` exists, "" for none [cesga/system python]; the
-#                 Python must be >= 3.11 (transformers 5): see `module spider python`
+#                 Python must be >= 3.11 (transformers 5): see `module spider python`, or
+#                 docs/slurm.md (FinisTerrae III) for a conda Python. Load no module by hand:
+#                 the env file loads these in every job
 #   PYTHON        interpreter that creates the venv [python3]
 #   VENV_DIR      virtual environment, reused if it exists [${STORE:-$HOME}/venvs/bert-squad]
 #   ENV_FILE      written for job scripts to source [$VENV_DIR.env.sh]

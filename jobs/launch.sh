@@ -116,6 +116,18 @@ jl_shape() {
 jl_output() {
   OUTPUT=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" python -m qa.cmdline output_dir "$CONFIG" "${RUN_QA_ARGS[@]}") ||
     exit 1  # it printed the one-line error (a config that is not valid JSON)
+  jl_output_place
+}
+
+# A bert-base run keeps about 3 GB of checkpoints and model in its output folder, and a relative one
+# lands in the submit folder, often $HOME, whose quota is small: where the cluster has a $LUSTRE for
+# jobs to write (FinisTerrae III), a folder under $HOME gets a warning with the fix.
+jl_output_place() {
+  local where=$OUTPUT
+  [[ $where == /* ]] || where=$PWD/$where
+  if [[ -n ${LUSTRE:-} && -n ${HOME:-} && $where == "${HOME%/}"/* ]]; then
+    jl_note "warning: output folder $where is under \$HOME, whose quota is small (a bert-base run keeps about 3 GB there): submit from a folder on \$LUSTRE (cd \$LUSTRE/bert-squad && sbatch $REPO_DIR/$JL_NAME) or set OUTPUT_DIR=\$LUSTRE/runs/NAME"
+  fi
 }
 
 # Before any Python: GLOBAL_BATCH must be a positive multiple of the world size. run_qa.py gets it

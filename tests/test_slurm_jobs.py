@@ -388,6 +388,22 @@ def test_launcher_passes_global_batch_after_checking_it():
         assert r.returncode == 1 and r.stderr == f"t: error: {message}\n", r
 
 
+def test_an_output_folder_under_home_is_a_warning_where_lustre_exists(tmp_path):
+    """About 3 GB of checkpoints under a small $HOME quota: the job log says where to put them."""
+    home, lustre = tmp_path / "home", tmp_path / "lustre"
+    for folder in (home / "repo", lustre):
+        folder.mkdir(parents=True)
+    warning = (f"warning: output folder {home}/repo/runs/ref is under $HOME, whose quota is small (a bert-base run "
+               f"keeps about 3 GB there): submit from a folder on $LUSTRE (cd $LUSTRE/bert-squad && sbatch {REPO}/t) "
+               "or set OUTPUT_DIR=$LUSTRE/runs/NAME")
+    for cwd, output, has_lustre, warned in ((home / "repo", "runs/ref", True, True), (lustre, "runs/ref", True, False),
+                                            (home / "repo", lustre / "runs/ref", True, False),
+                                            (home / "repo", "runs/ref", False, False)):
+        place = f"export HOME={home}; " + (f"export LUSTRE={lustre}; " if has_lustre else "unset LUSTRE; ")
+        r = _launcher(f'{place}cd {cwd}; OUTPUT={output}; jl_output_place; printf "%s\\n" "${{JL_NOTES[@]}}"')
+        assert r.returncode == 0 and r.stdout.strip() == (warning if warned else ""), (cwd, output, r)
+
+
 # ---------------------------------------------------------------------------------------------
 # On the local SLURM cluster: finding the repository from the spool folder's copy
 
