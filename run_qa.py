@@ -25,7 +25,7 @@ from transformers import default_data_collator, set_seed  # noqa: E402
 
 from qa.cache import cached_features, default_cache_dir  # noqa: E402
 from qa.callbacks import RunCallbacks  # noqa: E402
-from qa.checkpoints import check_no_finished_run, find_checkpoint, run_record  # noqa: E402
+from qa.checkpoints import check_no_finished_run, checkpoint_step, find_checkpoint, run_record  # noqa: E402
 from qa.collate import BucketPaddingCollator, add_length_column  # noqa: E402
 from qa.config import finalize, out_of_memory, parse_args  # noqa: E402
 from qa.console import configure_logging  # noqa: E402
@@ -155,18 +155,21 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             logger.warning("interrupted by SIGTERM (on this or another rank): checkpoint-%d saved in %s; "
                            "rerun (--resume auto) to continue", stopped_at, out)
             return EXIT_INTERRUPTED
-        trainer.save_model()
-        metrics = dict(result.metrics)
-        metrics.update(train_throughput(metrics, train_stats, len(examples["train"])))
-        metrics.update(callbacks.summary())
-        if main:
-            save_split_metrics(out, "train", metrics)
-            trainer.save_state()
-            if callbacks.time_to_accuracy is not None:
-                atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks.time_to_accuracy.record())
-            if callbacks.communication.record:  # measured at the start of training
-                env["communication"] = callbacks.communication.record
-                write_environment(out, env)
+        # Nothing trained: resumed at the end of a training that had ended, to evaluate it (a job stopped during
+        # its final evaluation; qa.checkpoints.check_resume). That training's records stay as they are.
+        if checkpoint is None or result.global_step > checkpoint_step(checkpoint):
+            trainer.save_model()
+            metrics = dict(result.metrics)
+            metrics.update(train_throughput(metrics, train_stats, len(examples["train"])))
+            metrics.update(callbacks.summary())
+            if main:
+                save_split_metrics(out, "train", metrics)
+                trainer.save_state()
+                if callbacks.time_to_accuracy is not None:
+                    atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks.time_to_accuracy.record())
+                if callbacks.communication.record:  # measured at the start of training
+                    env["communication"] = callbacks.communication.record
+                    write_environment(out, env)
     if training_args.do_eval:
         metrics = trainer.evaluate()
         if main:

@@ -123,6 +123,19 @@ def finished_run(output_dir):
     return _progress(Path(output_dir) / FINISHED)
 
 
+def checkpoint_step(folder) -> int:
+    return (_progress(Path(folder) / "trainer_state.json") or (0, 0.0))[0]
+
+
+def _run_ended(output_dir) -> bool:
+    """The run of output_dir got to its end: the last thing it does is to add its wall clock to
+    all_results.json (qa.records.finish_run)."""
+    try:
+        return "WALL_CLOCK_SECONDS" in read_json(Path(output_dir) / "all_results.json")
+    except (InputError, TypeError):
+        return False
+
+
 def finished_run_error(output_dir, done, why: str, longer: str = "") -> InputError:
     """The refusal of a run that would overwrite the finished run `done` ((step, epoch)) of output_dir."""
     step, epoch = done
@@ -142,9 +155,9 @@ def check_no_finished_run(output_dir) -> None:
 def check_resume(checkpoint, run: dict, finished=None) -> None:
     """Before anything is written: InputError when resuming `checkpoint` with this run's run_record
     `run` would change what its steps mean, or would train no further than the checkpoint or than
-    the finished run of its folder (`finished`: finished_run); one line for each change that
-    stays allowed (another split of the same global batch, after an out-of-memory error; a longer
-    training)."""
+    the finished run of its folder (`finished`: finished_run), unless that run ended its training
+    at this checkpoint but not its evaluation; one line for each change that stays allowed (another
+    split of the same global batch, after an out-of-memory error; a longer training)."""
     checkpoint = Path(checkpoint)
     recorded = (_marker(checkpoint) or {}).get("run") or {}  # none in markers of earlier versions
     changed = "; ".join(f"{what} {was} (this run: {now})" for what, was, now in _changes(recorded, run, MEANING))
@@ -160,6 +173,12 @@ def check_resume(checkpoint, run: dict, finished=None) -> None:
     if (run["max_steps"] > step) if run["max_steps"] > 0 else (run["num_train_epochs"] > epoch + 1e-9):
         for what, was, now in _changes(recorded, run, MAY_CHANGE):
             logger.warning("resuming %s with %s %s (it was written with %s)", checkpoint.name, what, now, was)
+        return
+    if finished and checkpoint_step(checkpoint) == finished[0] and not _run_ended(checkpoint.parent):
+        # A job stopped during its final evaluation and requeued: resumed at its end, the Trainer loads the
+        # trained weights and trains nothing, and run_qa.py keeps the training's records as they are.
+        logger.warning("%s: the training ended here (step %d) but not the run: evaluating, the training's results "
+                       "stay as they are", checkpoint.name, step)
         return
     end = (f"--max_steps {run['max_steps']}" if run["max_steps"] > 0
            else f"--num_train_epochs {run['num_train_epochs']:g}")

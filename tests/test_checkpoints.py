@@ -266,6 +266,32 @@ def test_a_finished_run_is_not_overwritten(args, rerun, capsys):
 
 
 @pytest.mark.slow
+def test_a_run_stopped_in_its_final_evaluation_is_evaluated_again(rerun, caplog):
+    """A job stopped (and requeued) after its training ended, during its final evaluation: the folder
+    as it was then (training's records, no evaluation's, no end of run). The same command evaluates the
+    trained model and leaves the training's records as they are."""
+    out, _, main = rerun
+    f1 = json.loads((out / "eval_results.json").read_text())["eval_f1"]
+    (out / "all_results.json").write_text((out / "train_results.json").read_text())
+    for name in ("eval_results.json", "results.md", "predictions.json", "nbest_predictions.json"):
+        (out / name).unlink()
+    def trained():
+        return [t for t in _tree(out) if t[0] in ("train_results.json", "trainer_state.json", "model.safetensors")]
+
+    before = trained()
+    with caplog.at_level(logging.INFO):
+        assert main() == 0
+    step = json.loads((out / "trainer_state.json").read_text())["global_step"]
+    said = [r.getMessage() for r in caplog.records if r.name == "qa.checkpoints" and r.levelno == logging.WARNING]
+    assert said == [f"checkpoint-{step}: the training ended here (step {step}) but not the run: evaluating, the "
+                    "training's results stay as they are"]
+    assert trained() == before
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["eval_f1"] == f1 and results["train_runtime"] == json.loads(
+        (out / "train_results.json").read_text())["train_runtime"]
+
+
+@pytest.mark.slow
 def test_resume_never_moves_a_finished_run_aside_whole(rerun):
     out, before, main = rerun
     assert main("--resume", "never") == 0
