@@ -101,8 +101,10 @@ class DataArguments:
 class RunArguments:
     resume: str = field(
         default="auto",
-        metadata={"help": "'auto': resume from the last checkpoint in output_dir if there is one; "
-                  "'never': start fresh (old checkpoints are moved aside); or a checkpoint path."},
+        metadata={"help": "'auto': resume from the last checkpoint in output_dir if there is one (refused when its "
+                  "steps meant something else: another model, global batch, max_seq_length, doc_stride or training "
+                  "data; or when the run would train no further than it or than a finished run there); 'never': start "
+                  "fresh (the earlier run in output_dir is moved to previous-<time>/); or a checkpoint path."},
     )
     telemetry: bool = field(
         default=True,
