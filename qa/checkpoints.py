@@ -123,8 +123,13 @@ def finished_run(output_dir):
     return _progress(Path(output_dir) / FINISHED)
 
 
+def _checkpoint_progress(folder):
+    return _progress(Path(folder) / "trainer_state.json") or (0, 0.0)
+
+
 def checkpoint_step(folder) -> int:
-    return (_progress(Path(folder) / "trainer_state.json") or (0, 0.0))[0]
+    """The optimizer step a checkpoint was saved at."""
+    return _checkpoint_progress(folder)[0]
 
 
 def _run_ended(output_dir) -> bool:
@@ -165,16 +170,15 @@ def check_resume(checkpoint, run: dict, finished=None) -> None:
         raise InputError(str(checkpoint), f"was written by a run whose steps mean something else: {changed}",
                          "resume it with the settings it was written with, or start afresh: --resume never (moves the "
                          "earlier run to previous-<time>/) or another --output_dir")
-    done = _progress(checkpoint / "trainer_state.json") or (0, 0.0)
-    if finished and finished[0] > done[0]:
-        done = finished
+    own = _checkpoint_progress(checkpoint)
+    done = finished if finished and finished[0] > own[0] else own
     step, epoch = done
     # The Trainer's end: --max_steps, else the epochs (the checkpoint's epoch counts those done).
     if (run["max_steps"] > step) if run["max_steps"] > 0 else (run["num_train_epochs"] > epoch + 1e-9):
         for what, was, now in _changes(recorded, run, MAY_CHANGE):
             logger.warning("resuming %s with %s %s (it was written with %s)", checkpoint.name, what, now, was)
         return
-    if finished and checkpoint_step(checkpoint) == finished[0] and not _run_ended(checkpoint.parent):
+    if finished and own[0] == finished[0] and not _run_ended(checkpoint.parent):
         # A job stopped during its final evaluation and requeued: resumed at its end, the Trainer loads the
         # trained weights and trains nothing, and run_qa.py keeps the training's records as they are.
         logger.warning("%s: the training ended here (step %d) but not the run: evaluating, the training's results "

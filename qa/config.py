@@ -38,8 +38,8 @@ def parse_args(argv):
     """-> (model_args, data_args, run_args, training_args, explicit) where `explicit` is the
     set of argument names the user gave (flags or config keys). Every numeric and path value
     is checked against qa.settings before the dataclasses are built, and bf16/TF32 follow the
-    device (device_precision). Without an output_dir the
-    run writes to qa.cmdline.DEFAULT_OUTPUT_DIR, where the job scripts expect it."""
+    device (device_precision). Without an output_dir the run writes to
+    qa.cmdline.DEFAULT_OUTPUT_DIR, where the job scripts expect it."""
     source, argv, explicit = expand(argv)
     if "output_dir" not in explicit:
         argv = ["--output_dir", DEFAULT_OUTPUT_DIR] + argv
