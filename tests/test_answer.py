@@ -162,3 +162,11 @@ def test_the_model_card_says_what_the_model_is_how_good_and_how_to_ask_it(tmp_pa
     from tests.test_markdown import rendering_problems
 
     assert rendering_problems(card) == []
+
+
+def test_help_exits_0(capsys):
+    from answer_qa import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: bert-squad-answer") and "--top_k" in out and "output_dir of a finished" in out
