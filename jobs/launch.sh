@@ -248,8 +248,13 @@ jl_run() {
   if [[ -n $JL_SIGNALED ]]; then
     outcome=interrupted
   elif refusal=$(jl_refusal); then  # torchrun reports it as its own status 1, after a traceback
-    outcome=refused rc=2
-    jl_log "run_qa.py refused to start: ${refusal#error: }"
+    if [[ $refusal == *"ran out of memory in a training step"* ]]; then
+      outcome=out_of_memory rc=3  # run_qa.py's own status for it (qa/errors.py)
+      jl_log "run_qa.py stopped: ${refusal#error: }"
+    else
+      outcome=refused rc=2
+      jl_log "run_qa.py refused to start: ${refusal#error: }"
+    fi
   fi
   jl_record_time "$rc" "$outcome"
   exit "$rc"

@@ -388,6 +388,23 @@ def test_launcher_passes_global_batch_after_checking_it():
         assert r.returncode == 1 and r.stderr == f"t: error: {message}\n", r
 
 
+@pytest.mark.parametrize("line, outcome, code", [
+    ("error: per_device_train_batch_size=48: the device ran out of memory in a training step (CUDA out of memory). "
+     "Fix: pass a smaller --per_device_train_batch_size (e.g. 24) with --global_batch 48", "out_of_memory", 3),
+    ("error: --max_seq_length 0: must be positive. Fix: e.g. 384", "refused", 2)])
+def test_a_run_that_stopped_with_its_one_line_keeps_its_status(tmp_path, line, outcome, code):
+    """torchrun ends with its own status 1 whatever rank 0 said; the launcher reads rank 0's line back:
+    out of memory is status 3 (run_qa.py's), bad input 2, each recorded as what it was."""
+    rank0 = tmp_path / "torchrun" / "run" / "attempt_0" / "0"
+    rank0.mkdir(parents=True)
+    (rank0 / "stderr.log").write_text(f"[rank0] some warning\n{line}\n")
+    out = tmp_path / "out"
+    r = _launcher(f"OUTPUT={out}; JL_TORCHRUN_LOGS={tmp_path / 'torchrun'}; jl_run false")
+    assert r.returncode == code, r
+    assert line.split(": ", 1)[1] in r.stdout
+    assert [(t["outcome"], t["exit_code"]) for t in job_times(out)] == [(outcome, code)]
+
+
 def test_an_output_folder_under_home_is_a_warning_where_lustre_exists(tmp_path):
     """About 3 GB of checkpoints under a small $HOME quota: the job log says where to put them."""
     home, lustre = tmp_path / "home", tmp_path / "lustre"
