@@ -119,7 +119,8 @@ def _run(recipe, seed, f1, curve):
     return {"recipe": recipe, "seed": seed, "eval_f1": f1, "eval_exact_match": f1 - 10,
             "train_seconds_excluding_evaluation": curve[-1][0],
             "settings": {"per_device_train_batch_size": 12, "learning_rate": 3e-5},
-            "curve": [{"train_seconds": s, "step": i + 1, "f1": f} for i, (s, f) in enumerate(curve)]}
+            "curve": [{"train_seconds": s, "step": i + 1, "features": 100 * (i + 1), "f1": f}
+                      for i, (s, f) in enumerate(curve)]}
 
 
 def test_a_difference_within_the_seed_spread_is_no_difference():
@@ -135,5 +136,6 @@ def test_a_difference_within_the_seed_spread_is_no_difference():
     assert rec["reference"]["train_seconds_to_target"][0] == pytest.approx(160)
     assert rec["fast"]["train_seconds_to_target"] == [pytest.approx(50 + 50 * 2 / 9), pytest.approx(50 + 50 * 2 / 8)]
     assert rec["fast"]["time_to_target_speedup"] > 2.5
+    assert rec["reference"]["windows_to_target"][0] == pytest.approx(100 + 100 * 12 / 20)  # the same, on windows
     runs[2]["eval_f1"], runs[3]["eval_f1"] = 40.0, 41.0
     assert parity.summarise(runs, target)["fast"]["verdict"].startswith("lower F1 than the reference")
