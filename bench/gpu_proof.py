@@ -118,6 +118,8 @@ def run_step(step, argv, out, deadline):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
     if step in ("bench", "variants"):
         env["TORCH_LOGS"] = "recompiles"
+    if step == "train":  # its TensorBoard events belong with the proof, whatever the caller's environment says
+        env["TENSORBOARD_LOGGING_DIR"] = str(out / step / "runs")
     record = {"command": shlex.join(argv), "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     started = time.perf_counter()
     with open(out / f"{step}.log", "w") as log:

@@ -75,7 +75,7 @@ def test_parity_smallest_size_end_to_end(cpu_proof):
     assert sorted(p.name for p in (folder / "runs").iterdir()) == [
         "fast-seed42.json", "fast-seed43.json", "reference-seed42.json", "reference-seed43.json"]
     for r in report["runs"]:
-        assert len(r["curve"]) == 2 and r["curve"][-1]["train_seconds"] > r["curve"][0]["train_seconds"] > 0
+        assert len(r["curve"]) >= 2 and r["curve"][-1]["train_seconds"] > r["curve"][0]["train_seconds"] > 0
         assert r["eval_examples"] == 189 and r["train_examples"] == 112  # article 42 held out, article 2 trained on
     assert report["split"]["validation_articles"] == "42:43"
     ref, fast = report["recipes"]["reference"], report["recipes"]["fast"]
