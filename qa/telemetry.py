@@ -160,7 +160,7 @@ def describe_training(args, model, optimizer=None, train_dataloader=None) -> dic
 # Compilations
 
 
-_RECOMPILES = {"count": 0, "hooked": False}
+_RECOMPILES = {"count": 0}
 
 
 def _count_recompile(start):
@@ -174,15 +174,16 @@ def _count_recompile(start):
 
 def _hook_recompiles() -> bool:
     """Counts recompilations from here on (torch's counters have no such count): a callback on
-    every compilation start, registered once per process. False when torch offers no hook."""
-    if not _RECOMPILES["hooked"]:
-        try:
-            import torch._dynamo
+    every compilation start, registered once, and again after torch._dynamo.reset() cleared it.
+    False when torch offers no hook."""
+    try:
+        import torch._dynamo
 
-            torch._dynamo.callback_handler.register_start_callback(_count_recompile)
-        except (ImportError, AttributeError):
-            return False
-        _RECOMPILES["hooked"] = True
+        handler = torch._dynamo.callback_handler
+        if _count_recompile not in handler.start_callbacks:
+            handler.register_start_callback(_count_recompile)
+    except (ImportError, AttributeError):
+        return False
     return True
 
 

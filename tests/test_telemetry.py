@@ -280,6 +280,10 @@ def test_timed_window_counts_the_compilations_inside_it():
     def double(x):
         return x * 2
 
+    from qa.telemetry import compile_stats
+
+    compile_stats()  # the counting hook in place, as after an earlier run in this process ...
+    torch._dynamo.reset()  # ... and cleared with every compile callback (tests and notebooks call it)
     t = _Tiny()
     cb = TelemetryCallback(timed_steps=(2, 4))
     cb.on_train_begin(t.args, t.state, None, model=t.model)
