@@ -220,10 +220,10 @@ def markdown(report):
     if report["notes"]:
         lines += ["Adjustments for this device: " + "; ".join(report["notes"]) + ".", ""]
     if not report["gpu_available"]:
-        lines += [f"No GPU: every run ran on the CPU ({report['device']}), one thread per run, "
-                  f"{report['parallel_runs']} runs at a time; the 1-minute load average at each run's start and "
-                  "end is in its record. Seconds on a shared CPU move with the load: the steps to the target "
-                  "do not.", ""]
+        lines += [f"No GPU: every run ran on the CPU ({report['device']}), one thread per run, up to "
+                  f"{report['parallel_runs']} runs of an invocation at a time; the 1-minute load average at each "
+                  "run's start and end is below. Seconds on a shared CPU move with the load: the windows "
+                  "trained on to the target do not.", ""]
     lines += ["| run | finished (UTC) | steps | final F1 | final EM | train s | load at start, end |", "|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         lines.append(f"| {r['recipe']} seed {r['seed']} | {r['finished_utc']} | {r['optimizer_steps']} | "
