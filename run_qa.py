@@ -188,17 +188,14 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
     return 0
 
 
+@contextlib.contextmanager
 def evaluated_during_training(trainer, run_args):
     """With --eval_every_questions, the evaluations during training take the first N validation
     questions (else all of them); the final evaluation takes them all again."""
     if run_args.eval_every_questions is None:
-        return contextlib.nullcontext()
+        yield
+        return
     examples, features = first_questions(trainer.eval_examples, trainer.eval_dataset, run_args.eval_every_questions)
-    return _subset_evaluated(trainer, examples, features)
-
-
-@contextlib.contextmanager
-def _subset_evaluated(trainer, examples, features):
     with attributes_set(trainer, eval_examples=examples, eval_dataset=features):
         yield
     # Internal: with persistent workers the Trainer keeps its eval DataLoader under "eval" whatever the

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import weakref
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -28,14 +29,20 @@ def default_cache_dir() -> Path:
     return Path(hf_home) / "squad_features"
 
 
+_DIGESTS = weakref.WeakKeyDictionary()  # a run's training split is hashed for its checkpoints and its cache key
+
+
 def table_digest(dataset) -> str:
+    if dataset in _DIGESTS:
+        return _DIGESTS[dataset]
     h = hashlib.sha256()
     sink = pa.BufferOutputStream()
     table = dataset.with_format("arrow")[:]  # the rows it holds, also for a select()ed view
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     h.update(sink.getvalue().to_pybytes())
-    return h.hexdigest()
+    _DIGESTS[dataset] = h.hexdigest()
+    return _DIGESTS[dataset]
 
 
 # Per-call state of a fast tokenizer: every call sets it from its own arguments (which the key
