@@ -20,9 +20,9 @@ From Python (a notebook, a script):
     qa.answer_many(questions, contexts)          # or qa.answer_file("questions.jsonl"): lists of those
 
 The questions go through what `run_qa.py --do_predict` runs, with the settings the model was trained
-with (MODEL_DIR/environment.json): the project's data checks (qa.data), windows (qa.features),
+with (MODEL_DIR/environment.json): the project's data checks (qa.data), windows (qa.data.features),
 batches (the run's collator and evaluation batch size, in its precision) and post-processing
-(qa.postprocess). So the answers are those --do_predict writes, a context longer than one window
+(qa.evaluation.postprocess). So the answers are those --do_predict writes, a context longer than one window
 and a batch of questions included. This module is its own entry point: training never imports it.
 """
 import argparse
@@ -33,7 +33,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from qa.args import DataArguments, ModelArguments
-from qa.checkpoints import COMPLETE_MARKER, checkpoints
+from qa.training.checkpoints import COMPLETE_MARKER, checkpoints
 from qa.errors import InputError, command
 from qa.io import read_json
 
@@ -82,9 +82,9 @@ class Answerer:
     def __init__(self, model_dir, device=None, batch_size=None):
         import torch
 
-        from qa.features import check_tokenizer
+        from qa.data.features import check_tokenizer
         from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
-        from qa.postprocess import PostProcessing
+        from qa.evaluation.postprocess import PostProcessing
 
         folder = check_model_dir(model_dir)
         model, self.tokenizer = load_model_and_tokenizer(ModelArguments(model_name_or_path=str(folder)),
@@ -128,7 +128,7 @@ class Answerer:
 
     def answer_examples(self, examples, top_k: int = 1) -> list:
         """Questions as the data readers return them (id, question, context): one result each."""
-        from qa.features import prepare_validation_features
+        from qa.data.features import prepare_validation_features
 
         check_top_k(top_k)
         args = self.data_args
@@ -156,7 +156,7 @@ class Answerer:
         import torch
         from transformers import default_data_collator
 
-        from qa.collate import BucketPaddingCollator
+        from qa.data.collate import BucketPaddingCollator
 
         args = self.data_args
         collate = default_data_collator if args.pad_to_max_length else BucketPaddingCollator(
@@ -184,7 +184,7 @@ class Answerer:
 
 
 def _answer(entry: dict) -> dict:
-    """An n-best entry of qa.postprocess as the answer to show."""
+    """An n-best entry of qa.evaluation.postprocess as the answer to show."""
     return {"answer": entry["text"], "start": entry["answer_start"], "end": entry["answer_end"],
             "score": entry["probability"]}
 

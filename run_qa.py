@@ -23,24 +23,24 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from transformers import default_data_collator, set_seed  # noqa: E402
 
-from qa.cache import cached_features, default_cache_dir  # noqa: E402
-from qa.callbacks import RunCallbacks  # noqa: E402
-from qa.checkpoints import check_no_finished_run, checkpoint_step, find_checkpoint, run_record  # noqa: E402
-from qa.collate import BucketPaddingCollator, add_length_column  # noqa: E402
+from qa.data.cache import cached_features, default_cache_dir  # noqa: E402
+from qa.training.callbacks import RunCallbacks  # noqa: E402
+from qa.training.checkpoints import check_no_finished_run, checkpoint_step, find_checkpoint, run_record  # noqa: E402
+from qa.data.collate import BucketPaddingCollator, add_length_column  # noqa: E402
 from qa.config import finalize, out_of_memory, parse_args  # noqa: E402
 from qa.console import configure_logging  # noqa: E402
 from qa.data import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
-from qa.features import check_tokenizer, prepare_train_features, prepare_validation_features  # noqa: E402
+from qa.data.features import check_tokenizer, prepare_train_features, prepare_validation_features  # noqa: E402
 from qa.io import atomic_write_json  # noqa: E402
 from qa.model import check_model_and_tokenizer, compile_outcome, load_model_and_tokenizer  # noqa: E402
-from qa.postprocess import PostProcessing  # noqa: E402
-from qa.preemption import EXIT_INTERRUPTED  # noqa: E402
-from qa.ranks import close_process_group, on_main_rank  # noqa: E402
-from qa.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
-from qa.runlock import RunLock  # noqa: E402
-from qa.telemetry import token_stats, train_throughput  # noqa: E402
-from qa.time_to_accuracy import first_questions  # noqa: E402
+from qa.evaluation.postprocess import PostProcessing  # noqa: E402
+from qa.training.preemption import EXIT_INTERRUPTED  # noqa: E402
+from qa.distributed import close_process_group, on_main_rank  # noqa: E402
+from qa.results.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
+from qa.training.runlock import RunLock  # noqa: E402
+from qa.training.telemetry import token_stats, train_throughput  # noqa: E402
+from qa.evaluation.time_to_accuracy import first_questions  # noqa: E402
 from trainer_qa import QuestionAnsweringTrainer, attributes_set, check_trainer_contracts  # noqa: E402
 
 logger = logging.getLogger("run_qa")
@@ -121,7 +121,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
 
     train_stats = token_stats(features["train"]) if "train" in features else None
     collator = default_data_collator
-    if not data_args.pad_to_max_length:  # dynamic padding, to a few lengths (qa/collate.py)
+    if not data_args.pad_to_max_length:  # dynamic padding, to a few lengths (qa/data/collate.py)
         collator = BucketPaddingCollator(tokenizer, data_args.max_seq_length, data_args.pad_to_multiple_of,
                                          data_args.length_buckets)
         if "train" in features and training_args.train_sampling_strategy == "group_by_length":
@@ -156,7 +156,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
                            "rerun (--resume auto) to continue", stopped_at, out)
             return EXIT_INTERRUPTED
         # Nothing trained: resumed at the end of a training that had ended, to evaluate it (a job stopped during
-        # its final evaluation; qa.checkpoints.check_resume). That training's records stay as they are.
+        # its final evaluation; qa.training.checkpoints.check_resume). That training's records stay as they are.
         if checkpoint is None or result.global_step > checkpoint_step(checkpoint):
             trainer.save_model()
             metrics = dict(result.metrics)

@@ -22,12 +22,12 @@ from transformers import Trainer, TrainingArguments
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import EvalLoopOutput, rotate_checkpoints, speed_metrics
 
-from qa.checkpoints import COMPLETE_MARKER, write_marker
+from qa.training.checkpoints import COMPLETE_MARKER, write_marker
 from qa.errors import InputError
 from qa.io import give_new_file_modes
-from qa.metric import scores_from_examples
-from qa.postprocess import PostProcessing
-from qa.trial_steps import rng_kept
+from qa.evaluation.metric import scores_from_examples
+from qa.evaluation.postprocess import PostProcessing
+from qa.training.trial_steps import rng_kept
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +107,10 @@ class QuestionAnsweringTrainer(Trainer):
     def __init__(self, *args, eval_examples=None, post_processing: PostProcessing = PostProcessing(),
                  log_extras=None, checkpoint_record=None, **kwargs):
         """`eval_examples`: the questions behind `eval_dataset` (its features);
-        `post_processing`: how logits become answers (qa.postprocess.PostProcessing);
+        `post_processing`: how logits become answers (qa.evaluation.postprocess.PostProcessing);
         `log_extras`: a function of a log entry returning values to add to it (the run's
-        throughput figures, qa.callbacks.RunCallbacks.log_values); `checkpoint_record`: what the
-        checkpoints' steps mean (qa.checkpoints.run_record), kept in their completion markers."""
+        throughput figures, qa.training.callbacks.RunCallbacks.log_values); `checkpoint_record`: what the
+        checkpoints' steps mean (qa.training.checkpoints.run_record), kept in their completion markers."""
         super().__init__(*args, **kwargs)
         self.eval_examples = eval_examples
         self.post_processing = post_processing
@@ -166,7 +166,7 @@ class QuestionAnsweringTrainer(Trainer):
         # Why: the final model is written atomically, so a job killed while saving leaves no torn weights.
         """The final model goes to a staging folder first and then file by file into place with
         atomic renames, so a job killed while saving never leaves a torn weights file. One run
-        writes into an output folder at a time (qa.runlock), so the staging folder is this run's;
+        writes into an output folder at a time (qa.training.runlock), so the staging folder is this run's;
         what a run killed while saving left there is cleared first, or its files (those this save
         does not overwrite, e.g. another tokenizer's vocabulary) would be moved into place too."""
         if _internal_call:  # a checkpoint: whole only once it has the marker

@@ -12,12 +12,12 @@ question id -> answer text. It prints one JSON object, as the official script of
 """
 import sys
 
-from qa.features import (  # noqa: F401
+from qa.data.features import (  # noqa: F401
     answer_token_span, check_tokenizer, prepare_train_features, prepare_validation_features, question_first,
     truncate_questions)
-from qa.metric import (  # noqa: F401
+from qa.evaluation.metric import (  # noqa: F401
     normalize_answer, scores_from_examples, squad_scores, squad_v1_scores, squad_v2_scores)
-from qa.postprocess import postprocess_qa_predictions  # noqa: F401
+from qa.evaluation.postprocess import postprocess_qa_predictions  # noqa: F401
 from qa.settings import check_window  # noqa: F401
 
 
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     if not argv or argv[0] != "score":
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    from qa.metric import main as score_main
+    from qa.evaluation.metric import main as score_main
 
     return score_main(argv[1:])
 

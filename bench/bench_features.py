@@ -11,7 +11,7 @@ bert-base-uncased vocabulary (the bundled MiniLM's tokenizer), at 384/128/64:
    Python lists), and the labelling (per window: sequence ids, context range, answer span);
    plus the cost of merely converting the windows' offsets to a numpy array, the first step
    of any numpy labelling;
-2. the whole path run_qa.py takes (`qa.cache.cached_features`: datasets.map in batches of
+2. the whole path run_qa.py takes (`qa.data.cache.cached_features`: datasets.map in batches of
    1,000, written as Arrow) for training features padded to 384 (reference) and unpadded
    (fast path), first a miss (tokenizes), then a hit (hashes the examples, memory-maps the
    Arrow files, never calls the tokenizer);
@@ -48,7 +48,7 @@ def timed(fn, *args, **kwargs):
 def breakdown(examples, tokenizer):
     import numpy as np
 
-    from qa import features as F
+    from qa.data import features as F
 
     batch = {k: examples[k] for k in ("id", "question", "context", "answers")}
     out = {}
@@ -72,8 +72,8 @@ def breakdown(examples, tokenizer):
 
 
 def cache_path(examples, tokenizer, pad, cache_dir):
-    from qa.cache import cached_features
-    from qa.features import prepare_train_features
+    from qa.data.cache import cached_features
+    from qa.data.features import prepare_train_features
 
     params = dict(PARAMS, pad_to_max_length=pad)
     run = lambda: cached_features(examples, tokenizer, prepare_train_features, params, cache_dir=cache_dir)  # noqa
@@ -106,7 +106,7 @@ def markdown(r):
         row("  of which: sequence ids alone", "sequence_ids_only"),
         row("offsets -> numpy array alone (no labelling yet)", "offsets_to_numpy_only"),
         row("prepare_train_features, whole", "prepare_train_features_total"),
-        "", "Through run_qa.py's path (`qa.cache.cached_features`, datasets.map, Arrow on disk):", "",
+        "", "Through run_qa.py's path (`qa.data.cache.cached_features`, datasets.map, Arrow on disk):", "",
         "| training features | miss: wall s | miss: CPU s | hit: wall s | hit: CPU s | on disk |",
         "|---|---|---|---|---|---|",
     ]

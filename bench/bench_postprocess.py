@@ -22,9 +22,9 @@ import numpy as np
 from qa.data import read_squad
 from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
-from qa.features import prepare_validation_features
+from qa.data.features import prepare_validation_features
 from qa.model import bundled_minilm_dir
-from qa.postprocess import postprocess_qa_predictions, postprocess_qa_predictions_reference
+from qa.evaluation.postprocess import postprocess_qa_predictions, postprocess_qa_predictions_reference
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -45,7 +45,7 @@ from qa.cmdline import to_flags
 from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, atomic_write_text, read_json
-from qa.time_to_accuracy import time_to_target
+from qa.evaluation.time_to_accuracy import time_to_target
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -50,7 +50,7 @@ from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.io import read_json
 from qa.model import build_random_bert
-from qa.flops import mfu, model_flops, peak_flops
+from qa.training.flops import mfu, model_flops, peak_flops
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,8 +8,8 @@ import json
 import os
 import sys
 
-from .errors import InputError, command
-from .io import read_json
+from qa.errors import InputError, command
+from qa.io import read_json
 
 # Where a run writes when neither the config nor the flags say: transformers' own default
 # (TrainingArguments turns output_dir=None into it), fixed here so that the job script, which

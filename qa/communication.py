@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from . import comm_measure
-from .flops import gradient_size
-from .ranks import distributed
+from qa import comm_measure
+from qa.training.flops import gradient_size
+from qa.distributed import distributed
 
 logger = logging.getLogger(__name__)
 

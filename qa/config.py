@@ -6,11 +6,11 @@ import os
 
 from transformers import HfArgumentParser, TrainingArguments
 
-from .args import DataArguments, ModelArguments, RunArguments
-from .cmdline import DEFAULT_OUTPUT_DIR, expand
-from .console import configure_output
-from .errors import EXIT_OUT_OF_MEMORY, InputError
-from .settings import check_settings
+from qa.args import DataArguments, ModelArguments, RunArguments
+from qa.cmdline import DEFAULT_OUTPUT_DIR, expand
+from qa.console import configure_output
+from qa.errors import EXIT_OUT_OF_MEMORY, InputError
+from qa.settings import check_settings
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, TrainingArguments)
 # What --help shows first: the form every example uses, a config followed by flags that override it.
@@ -161,7 +161,7 @@ def split_global_batch(global_batch: int, world: int, per_device_max: int) -> tu
 
 def out_of_memory(training_args, error) -> InputError:
     """The line for the device running out of memory in a training step: the per-device batch and
-    the fix that keeps the global batch, so that the run resumes from its checkpoints (qa.checkpoints
+    the fix that keeps the global batch, so that the run resumes from its checkpoints (qa.training.checkpoints
     allows another split of the same global batch)."""
     batch = training_args.per_device_train_batch_size
     global_batch = batch * training_args.gradient_accumulation_steps * training_args.world_size

@@ -18,7 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
-from .errors import InputError
+from qa.errors import InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
 

@@ -13,9 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
-from .console import held_records, release
-from .errors import InputError
-from .io import give_new_file_modes
+from qa.console import held_records, release
+from qa.errors import InputError
+from qa.io import give_new_file_modes
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     """(model, tokenizer). `training`: whether this run trains the model, which decides what
     a checkpoint without a QA head means (loading_message); `require_head`: such a checkpoint is
     an InputError (answering questions needs a trained head). `compile` (the run's
-    --torch_compile): a model on sdpa attention is switched to qa.attention's sdpa_with_mask, so
+    --torch_compile): a model on sdpa attention is switched to qa.training.attention's sdpa_with_mask, so
     that its compiled layers see an attention mask in every batch (transformers passes none for a
     batch without padding, and the compiled layers would recompile on it whenever one comes)."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
@@ -277,7 +277,7 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
                          "use a model that ships tokenizer.json")
     _report_loading(model, info, report, training, require_head)
     if compile:
-        from .attention import keep_mask_when_compiled
+        from qa.training.attention import keep_mask_when_compiled
 
         keep_mask_when_compiled(model)
         fall_back_when_compile_fails()
@@ -311,7 +311,7 @@ def usable_positions(model):
 def check_model_and_tokenizer(model, tokenizer, data_args) -> None:
     """Refuse, before anything runs, the settings this model would reject mid-run with this
     tokenizer: sequences longer than the model's positions, token types it has no embedding for
-    (the tokenizer's own template: qa.features.check_tokenizer)."""
+    (the tokenizer's own template: qa.data.features.check_tokenizer)."""
     name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "the model"
     where = f"max_seq_length={data_args.max_seq_length}"
     positions = usable_positions(model)

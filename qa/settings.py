@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .errors import InputError
+from qa.errors import InputError
 
 SEED_LIMIT = 2**32  # numpy's seeding (transformers' set_seed seeds numpy too) takes 0 .. 2**32 - 1
 
@@ -159,20 +159,20 @@ class Checked:
 
 
 def _data_file(value) -> None:
-    from .data.files import check_data_file
+    from qa.data.files import check_data_file
 
     check_data_file(str(value))
 
 
 def _model_source(value) -> None:
-    from .model import check_model_source
+    from qa.model import check_model_source
 
     check_model_source(str(value))
 
 
 def _articles(option):
     def check(value):
-        from .data.sources import parse_slice
+        from qa.data.sources import parse_slice
 
         parse_slice(value, option)
     return check
@@ -188,7 +188,7 @@ def _resume(value) -> None:
 
 
 def _telemetry_window(value) -> None:
-    from .args import steps_window
+    from qa.args import steps_window
 
     try:
         start, stop = steps_window(value)
@@ -338,7 +338,7 @@ def check_settings(values: dict) -> None:
         check_window(values["max_seq_length"], values["doc_stride"], values["max_query_length"])
 
 
-PAIR_SPECIAL_TOKENS = 3  # BERT's [CLS] q [SEP] c [SEP]; qa.features.check_tokenizer counts the tokenizer's own
+PAIR_SPECIAL_TOKENS = 3  # BERT's [CLS] q [SEP] c [SEP]; qa.data.features.check_tokenizer counts the tokenizer's own
 
 
 def check_window(max_seq_length: int, doc_stride: int, max_query_length: int,

@@ -25,7 +25,7 @@ DDP_BUCKET_BYTES = 25 * 2 ** 20
 # job_ddp.sh's FSDP config wraps each of the 12 BertLayer in its own unit, plus the root
 # (embeddings and QA head).
 FSDP_UNITS = 13
-# Backward costs twice the forward: 4N of the 6N training FLOPs per token (qa/flops.py).
+# Backward costs twice the forward: 4N of the 6N training FLOPs per token (qa/training/flops.py).
 BACKWARD_SHARE = 2 / 3
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "tf32": 4, "float16": 2, "fp16": 2, "half": 2,

@@ -76,7 +76,7 @@ def predicted(request, tiny_dir, tmp_path, monkeypatch):
 
 def test_answers_are_those_of_do_predict_with_long_contexts_in_batches(predicted):
     from answer_qa import Answerer
-    from qa.features import prepare_validation_features
+    from qa.data.features import prepare_validation_features
 
     model, test_file, out, version_2 = predicted
     answerer = Answerer(model)
@@ -136,7 +136,7 @@ def test_a_folder_that_is_not_a_trained_model_is_a_one_line_error(tmp_path, tiny
 
 
 def test_the_model_card_says_what_the_model_is_how_good_and_how_to_ask_it(tmp_path):
-    from qa.model_card import CARD, write_model_card
+    from qa.results.model_card import CARD, write_model_card
 
     env = {"config": {"model_name_or_path": "bundled:minilm", "dataset_name": "synthetic", "do_train": True,
                       "do_eval": True, "synthetic_train_examples": 1000, "synthetic_eval_examples": 300,

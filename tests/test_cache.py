@@ -1,6 +1,6 @@
 """The tokenized-features cache: keyed by everything that matters, reused, never torn."""
-from qa.cache import cached_features, features_key
-from qa.features import prepare_train_features, prepare_validation_features
+from qa.data.cache import cached_features, features_key
+from qa.data.features import prepare_train_features, prepare_validation_features
 from qa.args import DataArguments
 from qa.data import load_raw_datasets
 from tests.helpers import minilm_tokenizer

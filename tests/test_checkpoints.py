@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from qa.checkpoints import (COMPLETE_MARKER, HASH, check_checkpoint, file_hash, find_checkpoint, is_verifiable,
+from qa.training.checkpoints import (COMPLETE_MARKER, HASH, check_checkpoint, file_hash, find_checkpoint, is_verifiable,
                             write_marker)
 from qa.errors import InputError
 from tests.helpers import go_offline
@@ -176,7 +176,7 @@ def test_damaged_latest_checkpoint_resumes_from_the_previous(damage, problem, ru
     damage(out / "checkpoint-6")
     with caplog.at_level(logging.INFO):
         assert main("--max_steps", "8") == 0
-    lines = [r.getMessage() for r in caplog.records if r.name == "qa.checkpoints"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "qa.training.checkpoints"]
     damaged = [line for line in lines if " is damaged " in line]
     assert len(damaged) == 1 and "\n" not in damaged[0], lines
     assert damaged[0].startswith(f"checkpoint-6 is damaged ({problem}") and \
@@ -282,7 +282,7 @@ def test_a_run_stopped_in_its_final_evaluation_is_evaluated_again(rerun, caplog)
     with caplog.at_level(logging.INFO):
         assert main() == 0
     step = json.loads((out / "trainer_state.json").read_text())["global_step"]
-    said = [r.getMessage() for r in caplog.records if r.name == "qa.checkpoints" and r.levelno == logging.WARNING]
+    said = [r.getMessage() for r in caplog.records if r.name == "qa.training.checkpoints" and r.levelno == logging.WARNING]
     assert said == [f"checkpoint-{step}: the training ended here (step {step}) but not the run: evaluating, the "
                     "training's results stay as they are"]
     assert trained() == before
@@ -306,7 +306,7 @@ def test_more_epochs_train_a_finished_run_further(rerun, caplog):
     step = json.loads((out / "trainer_state.json").read_text())["global_step"]
     with caplog.at_level(logging.INFO):
         assert main("--num_train_epochs", "2") == 0
-    said = [r.getMessage() for r in caplog.records if r.name == "qa.checkpoints" and r.levelno == logging.WARNING]
+    said = [r.getMessage() for r in caplog.records if r.name == "qa.training.checkpoints" and r.levelno == logging.WARNING]
     assert said == [f"resuming checkpoint-{step} with num_train_epochs 2 (it was written with 1)"]
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2 * step
 
@@ -377,6 +377,6 @@ def test_out_of_memory_in_a_step_says_what_to_do_and_the_smaller_batch_resumes(t
     with caplog.at_level(logging.INFO):
         assert main([*SMALL, "--output_dir", str(out), "--per_device_train_batch_size", "8",
                      "--global_batch", "16"]) == 0
-    said = [r.getMessage() for r in caplog.records if r.name == "qa.checkpoints" and r.levelno == logging.WARNING]
+    said = [r.getMessage() for r in caplog.records if r.name == "qa.training.checkpoints" and r.levelno == logging.WARNING]
     assert said == ["resuming checkpoint-2 with per-device batch 8 x 2 accumulation x 1 processes (it was written with "
                     "16 x 1 accumulation x 1 processes)"]

@@ -508,7 +508,7 @@ def test_synthetic(v2):
 def test_gzip_is_recognised_by_content_whatever_the_name(tmp_path, capsys):
     """A gzipped official file named .json trains and scores alike (the loader once went by the
     suffix and the scorer by the content)."""
-    from qa import metric
+    from qa.evaluation import metric
 
     path = tmp_path / "dev.json"
     path.write_bytes(gzip.compress(json.dumps(official()).encode()))
@@ -536,7 +536,7 @@ BAD_FOR_BOTH = {
 
 @pytest.mark.parametrize("case", sorted(BAD_FOR_BOTH))
 def test_loader_and_scorer_reject_a_file_with_the_same_message(case, tmp_path, capsys):
-    from qa import metric
+    from qa.evaluation import metric
 
     text, words = BAD_FOR_BOTH[case]
     path = tmp_path / "bad.json"

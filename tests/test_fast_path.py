@@ -27,7 +27,7 @@ EXAMPLES["answers"] = [{"text": ["Paris"], "answer_start": [c.index("Paris")]} f
 def features():
     from datasets import Dataset
 
-    from qa.features import prepare_train_features
+    from qa.data.features import prepare_train_features
 
     ds = Dataset.from_dict(EXAMPLES)
     return ds.map(prepare_train_features, batched=True, remove_columns=ds.column_names,
@@ -135,7 +135,7 @@ def test_fast_config_parses_on_a_cpu(tmp_path, caplog):
 
 
 def test_bucketed_padding_yields_only_bucket_lengths(features):
-    from qa.collate import BucketPaddingCollator
+    from qa.data.collate import BucketPaddingCollator
 
     tok = minilm_tokenizer()
     rows = [features[i] for i in range(len(features))]
@@ -161,7 +161,7 @@ def test_bucket_collator_matches_the_transformers_collator(features):
     import torch
     from transformers import DataCollatorWithPadding
 
-    from qa.collate import BucketPaddingCollator, add_length_column
+    from qa.data.collate import BucketPaddingCollator, add_length_column
 
     tok = minilm_tokenizer()
     with_length = add_length_column(features)
@@ -175,7 +175,7 @@ def test_bucket_collator_matches_the_transformers_collator(features):
 
 
 def test_length_column_is_computed_without_reading_rows(features):
-    from qa.collate import add_length_column
+    from qa.data.collate import add_length_column
 
     with_length = add_length_column(features)
     assert with_length["length"][:] == [len(ids) for ids in features["input_ids"][:]]
@@ -191,7 +191,7 @@ def _trainer(tmp_path, features, eval_features=None, **kwargs):
     from transformers import TrainingArguments
 
     from qa.args import ModelArguments
-    from qa.collate import BucketPaddingCollator, add_length_column
+    from qa.data.collate import BucketPaddingCollator, add_length_column
     from qa.model import load_model_and_tokenizer
     from trainer_qa import QuestionAnsweringTrainer
 
@@ -261,8 +261,8 @@ def test_cache_key_does_not_depend_on_what_was_tokenized_before(tmp_path):
     a rerun whose training split was a cache hit miss its validation split."""
     from datasets import Dataset
 
-    from qa.cache import cached_features, features_key
-    from qa.features import prepare_train_features, prepare_validation_features
+    from qa.data.cache import cached_features, features_key
+    from qa.data.features import prepare_train_features, prepare_validation_features
 
     tok = minilm_tokenizer()
     ds = Dataset.from_dict(EXAMPLES)

@@ -1,4 +1,4 @@
-"""Tests for qa.metric: hand-computed SQuAD v1.1 / v2.0 scores, the `score` CLI, bad input, and
+"""Tests for qa.evaluation.metric: hand-computed SQuAD v1.1 / v2.0 scores, the `score` CLI, bad input, and
 sanity checks on the real dev set when it is present."""
 import collections
 import gzip
@@ -8,11 +8,11 @@ import string
 
 import pytest
 
-from qa import metric
+from qa.evaluation import metric
 from qa.data.files import WHAT
 from qa.data.normalise import table_from_document
 from qa.io import read_json
-from qa.metric import (
+from qa.evaluation.metric import (
     normalize_answer, scores_from_examples, squad_scores, squad_v1_scores, squad_v2_scores)
 from tests.helpers import DEV_SET as DEV_V11
 

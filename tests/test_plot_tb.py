@@ -154,7 +154,7 @@ def test_small_changes_look_small():
 
 
 def test_f1_against_training_time_with_the_target():
-    """The evaluations during training (qa/time_to_accuracy.py logs them with the training
+    """The evaluations during training (qa/evaluation/time_to_accuracy.py logs them with the training
     seconds as the step) over training seconds, with the target F1 and where it was reached."""
     scalars = {**SCALARS, "eval_by_train_seconds/f1": [(5, 40.0), (10, 70.0), (15, 89.0)],
                "eval_by_train_seconds/exact_match": [(5, 30.0), (10, 60.0), (15, 80.0)]}

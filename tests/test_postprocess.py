@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from qa.postprocess import postprocess_qa_predictions, postprocess_qa_predictions_reference
+from qa.evaluation.postprocess import postprocess_qa_predictions, postprocess_qa_predictions_reference
 from tests.helpers import DEV_SET
 
 CONTEXT = "zero one two three four five six seven eight nine"
@@ -164,7 +164,7 @@ def test_no_valid_span_among_the_nbest(v2):
 
 def test_an_example_without_features_gets_an_empty_answer_and_a_warning(caplog):
     examples = {"id": ["q", "lost"], "context": [CONTEXT, CONTEXT]}
-    with caplog.at_level(logging.WARNING, logger="qa.postprocess"):
+    with caplog.at_level(logging.WARNING, logger="qa.evaluation.postprocess"):
         preds, _, _ = run([window(0, 9)], [{tok(3): 1}], [{tok(3): 1}], examples=examples)
     assert preds == {"q": "three", "lost": ""}
     assert "1 example(s) have no features" in caplog.text and "'lost'" in caplog.text
@@ -241,7 +241,7 @@ def dev_examples():
 
 @pytest.fixture(scope="module")
 def dev_features(dev_examples):
-    from qa.features import prepare_validation_features
+    from qa.data.features import prepare_validation_features
     from tests.helpers import minilm_tokenizer
 
     tokenizer = minilm_tokenizer()

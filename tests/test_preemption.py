@@ -30,7 +30,7 @@ def _agreeing_rank(rank, port, check_steps, signal_at, out):
     import torch.distributed as dist
     from transformers import TrainerControl, TrainerState
 
-    from qa.preemption import CheckpointOnSignalCallback
+    from qa.training.preemption import CheckpointOnSignalCallback
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -70,7 +70,7 @@ def test_ranks_agree_every_n_steps_and_stop_together(tmp_path, check_steps, sign
 def test_one_process_checks_its_own_flag_at_every_step():
     from transformers import TrainerControl, TrainerState
 
-    from qa.preemption import CheckpointOnSignalCallback
+    from qa.training.preemption import CheckpointOnSignalCallback
 
     args = type("Args", (), {"device": torch.device("cpu")})()
     state, control = TrainerState(max_steps=20), TrainerControl()

@@ -72,7 +72,7 @@ def test_training_shorter_than_the_schedule_writes_nothing(tmp_path, caplog):
 
     import torch
 
-    from qa.profiling import ProfilerCallback
+    from qa.training.profiling import ProfilerCallback
 
     cb = ProfilerCallback(tmp_path, wait=5, warmup=1, active=1)
     args = SimpleNamespace(device=torch.device("cpu"))
@@ -93,7 +93,7 @@ def test_other_ranks_do_not_profile(tmp_path):
 
     import torch
 
-    from qa.profiling import ProfilerCallback
+    from qa.training.profiling import ProfilerCallback
 
     cb = ProfilerCallback(tmp_path)
     cb.on_train_begin(SimpleNamespace(device=torch.device("cpu")),

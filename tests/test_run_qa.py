@@ -89,7 +89,7 @@ def test_the_trained_model_answers_as_do_predict_does_and_has_a_model_card(train
     run evaluated, some of them over several windows; README.md says how to ask it."""
     from answer_qa import Answerer
     from qa.data import read_squad
-    from qa.features import prepare_validation_features
+    from qa.data.features import prepare_validation_features
     from tests.test_answer import same_as_predict
 
     _, out, env, _ = trained
@@ -371,7 +371,8 @@ def test_one_error_type_for_every_command(capsys):
     import importlib.util
 
     import run_qa
-    from qa import cmdline, metric
+    from qa import cmdline
+    from qa.evaluation import metric
 
     mains = [run_qa.main, metric.main, cmdline.main]
     for tool in ("prefetch", "scaling_report", "scaling_predict", "plot_tb"):

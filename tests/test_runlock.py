@@ -1,4 +1,4 @@
-"""One run per output folder (qa/runlock.py): a second run refuses at start with one line naming
+"""One run per output folder (qa/training/runlock.py): a second run refuses at start with one line naming
 the first, a lock left by a run that is gone is taken over, a requeued SLURM job takes over its
 own lock, every rank of a refused torchrun run stops, and the lock is given back on every exit."""
 import json
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from qa import runlock
+from qa.training import runlock
 from qa.errors import InputError
-from qa.runlock import LOCK_NAME, RunLock, process_start, stale_reason, this_run
+from qa.training.runlock import LOCK_NAME, RunLock, process_start, stale_reason, this_run
 from tests.helpers import TORCHRUN, go_offline, run_qa, running
 from tests.test_run_qa import TINY, _env
 

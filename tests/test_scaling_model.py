@@ -1,5 +1,5 @@
 """The scaling model (scaling/model.py) against hand-computed cases, and the prediction command
-(tools/scaling_predict.py) on run folders written by qa/records.py's own functions.
+(tools/scaling_predict.py) on run folders written by qa/results/records.py's own functions.
 
 Every expected value below is worked out by hand from the formulas in docs/scaling.md,
 with round inputs so the arithmetic can be checked on paper: 1e9 bytes of gradients
@@ -208,10 +208,10 @@ A100 = {"cuda_available": True, "torch_cuda": "12.8", "cudnn": 90100, "gpu_count
 
 def write_run(out, *, world=1, batch=16, step_mean=0.05, step_total=50.0, data_total=5.0, extra=None,
               model="google-bert/bert-base-uncased", devices=None):
-    """A run folder as run_qa.py leaves it: environment.json by qa.records.environment_record
+    """A run folder as run_qa.py leaves it: environment.json by qa.results.records.environment_record
     (devices and versions stubbed so no GPU is needed: an A100 unless `devices` says otherwise),
     all_results.json by save_split_metrics with the telemetry callback's key names."""
-    from qa import records
+    from qa.results import records
 
     config = {"model_name_or_path": model, "dataset_name": "rajpurkar/squad",
               "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1, "bf16": False,

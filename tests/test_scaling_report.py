@@ -1,5 +1,5 @@
 """The scaling study: tools/scaling_submit.sh (dry run; a fake sbatch that records what it was
-given) and tools/scaling_report.py on a study folder whose runs are written by qa/records.py's
+given) and tools/scaling_report.py on a study folder whose runs are written by qa/results/records.py's
 own functions (a manifest with completed, missing, failed, wrong-shape and unfinished runs).
 The table's medians, speedups and efficiencies are recomputed here from the raw numbers.
 Last, when the job scripts and configs/smoke_tiny.json exist, a tiny real study on the local SLURM
@@ -59,9 +59,9 @@ def _shape(name):
 
 
 def write_run(out: Path, name, job, runtime, f1, world=None, train=True, finish=True, restarts=0):
-    """A run folder written by qa/records.py itself (environment_record with the slurm and
+    """A run folder written by qa/results/records.py itself (environment_record with the slurm and
     torchrun variables a job would have; torch, git and versions stubbed to stay fast)."""
-    from qa import records
+    from qa.results import records
 
     strategy, nodes, per_node, rep = _shape(name)
     world = world or nodes * per_node
@@ -101,7 +101,7 @@ def write_run(out: Path, name, job, runtime, f1, world=None, train=True, finish=
         records.finish_run(out, runtime + 95.0 if runtime else 60.0, env)
 
 
-# What the telemetry and the communication measurement of a run record (qa/telemetry.py,
+# What the telemetry and the communication measurement of a run record (qa/training/telemetry.py,
 # qa/communication.py): step times and, on more than one GPU, the bus bandwidth and a step
 # with and without gradient synchronisation.
 BUSBW = {(1, 2): 20.0, (2, 1): 11.0, (2, 2): 10.5}
@@ -633,7 +633,7 @@ def test_time_to_target_beside_throughput(tmp_path):
     """Runs that evaluated during training (--eval_every, --target_f1): the training time leaves
     the evaluations out, each cell gets its median time to the target over the repeats that
     reached it, and a cell whose two speedups part by more than 10% is flagged."""
-    from qa import records
+    from qa.results import records
 
     runs = {"ddp-1x1-r1": (1, 1000.0, 88.4), "ddp-1x1-r2": (2, 1000.0, 88.6),
             "ddp-2x2-r1": (3, 300.0, 87.0), "ddp-2x2-r2": (4, 300.0, 87.2), "ddp-2x2-r3": (5, 300.0, 86.0)}

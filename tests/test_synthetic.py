@@ -166,7 +166,7 @@ def test_a_run_writes_the_generated_questions_it_evaluated_and_they_score(v2, tm
 
     from qa.args import DataArguments
     from qa.data import load_raw_datasets, read_squad
-    from qa.records import write_generated_data
+    from qa.results.records import write_generated_data
     from utils_qa import main as utils_main
 
     data_args = DataArguments(dataset_name="synthetic", synthetic_eval_examples=120, synthetic_seed=3,
@@ -185,7 +185,7 @@ def test_a_run_writes_the_generated_questions_it_evaluated_and_they_score(v2, tm
 
 
 def test_no_generated_data_file_for_data_from_files_or_an_article_slice(tmp_path):
-    from qa.records import write_generated_data
+    from qa.results.records import write_generated_data
 
     base = {"dataset_name": "synthetic", "do_eval": True, "synthetic_eval_examples": 20, "synthetic_seed": 0,
             "version_2_with_negative": False}

@@ -63,7 +63,7 @@ def scalars(out):
 def test_token_stats_and_train_throughput():
     from datasets import Dataset
 
-    from qa.telemetry import token_stats, train_throughput
+    from qa.training.telemetry import token_stats, train_throughput
 
     features = Dataset.from_dict({"attention_mask": [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]})
     stats = token_stats(features)
@@ -74,8 +74,8 @@ def test_token_stats_and_train_throughput():
 
 
 def test_elementary_formulas():
-    from qa.flops import mfu
-    from qa.telemetry import gib, padding_fraction, rate, share
+    from qa.training.flops import mfu
+    from qa.training.telemetry import gib, padding_fraction, rate, share
 
     assert rate(10, 4) == 2.5 and rate(10, 0) is None
     assert share(1, 4) == 0.25 and share(5, 4) == 1.0 and share(-1, 4) == 0.0 and share(1, 0) is None
@@ -85,7 +85,7 @@ def test_elementary_formulas():
 
 
 def test_flops_formulas():
-    from qa.flops import flops_per_token, model_flops
+    from qa.training.flops import flops_per_token, model_flops
 
     # bert-base: 85M non-embedding parameters, 12 layers, hidden 768, 384 tokens
     assert flops_per_token(85_000_000, 12, 768, 384) == 6 * 85_000_000 + 12 * 12 * 768 * 384
@@ -96,7 +96,7 @@ def test_flops_formulas():
 
 
 def test_peak_table():
-    from qa.flops import peak_flops
+    from qa.training.flops import peak_flops
 
     assert peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == (312e12, "A100 bf16 dense")
     assert peak_flops("NVIDIA A100-PCIE-40GB", "fp32")[0] == 19.5e12
@@ -120,7 +120,7 @@ def test_peak_table():
 def test_a_mig_slice_has_no_peak(name):
     """A MIG slice has a fraction of the card's units: the full card's peak would make its MFU
     look several times lower than it is. Null, with the reason, unless --peak_tflops is given."""
-    from qa.flops import peak_flops
+    from qa.training.flops import peak_flops
 
     value, why = peak_flops(name, "bf16")
     assert value is None and "MIG slice" in why and "--peak_tflops" in why
@@ -128,14 +128,14 @@ def test_a_mig_slice_has_no_peak(name):
 
 
 def test_matmul_precision():
-    from qa.flops import matmul_precision
+    from qa.training.flops import matmul_precision
 
     assert matmul_precision(bf16=True) == "bf16" and matmul_precision(fp16=True) == "fp16"
     assert matmul_precision(tf32=True) == "tf32" and matmul_precision(tf32=False) == "fp32"
 
 
 def test_perf_metrics():
-    from qa.telemetry import perf_metrics
+    from qa.training.telemetry import perf_metrics
 
     perf = perf_metrics(steps=4, samples=64, real_tokens=600, batch_tokens=800, flops=3e12, step_s=3.0,
                         data_s=1.0, peak_flops_per_s=1e12, world_size=2)
@@ -150,7 +150,7 @@ def test_perf_metrics():
 def test_model_shape_skips_embeddings():
     import torch
 
-    from qa.flops import model_shape
+    from qa.training.flops import model_shape
 
     model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 4))
     model.config = SimpleNamespace(num_hidden_layers=3, hidden_size=8)
@@ -183,7 +183,7 @@ class _Tiny:
 def test_callback_counts_the_batches_the_model_sees():
     import torch
 
-    from qa.telemetry import TelemetryCallback
+    from qa.training.telemetry import TelemetryCallback
 
     t = _Tiny()
     cb = TelemetryCallback(peak_tflops=1.0)
@@ -223,7 +223,7 @@ def test_passes_outside_the_optimizer_steps_are_not_counted():
     samples and tokens."""
     import torch
 
-    from qa.telemetry import TelemetryCallback
+    from qa.training.telemetry import TelemetryCallback
 
     t = _Tiny()
     cb = TelemetryCallback(peak_tflops=1.0)
@@ -242,7 +242,7 @@ def test_passes_outside_the_optimizer_steps_are_not_counted():
 def test_timed_window_counts_only_its_steps():
     import torch
 
-    from qa.telemetry import TelemetryCallback
+    from qa.training.telemetry import TelemetryCallback
 
     t = _Tiny()
     cb = TelemetryCallback(peak_tflops=1.0, timed_steps=(2, 4))
@@ -274,13 +274,13 @@ def test_timed_window_counts_the_compilations_inside_it():
     for a new input kind) inside the window is counted, one compiled before it is not."""
     import torch
 
-    from qa.telemetry import TelemetryCallback
+    from qa.training.telemetry import TelemetryCallback
 
     @torch.compile(backend="eager")  # dynamo's part only: no code generation, a fraction of a second
     def double(x):
         return x * 2
 
-    from qa.telemetry import compile_stats
+    from qa.training.telemetry import compile_stats
 
     compile_stats()  # the counting hook in place, as after an earlier run in this process ...
     torch._dynamo.reset()  # ... and cleared with every compile callback (tests and notebooks call it)
@@ -316,7 +316,7 @@ def test_timed_window_with_a_minimum_duration_stays_open_then_stops_training():
 
     from transformers import TrainerControl
 
-    from qa.telemetry import TelemetryCallback
+    from qa.training.telemetry import TelemetryCallback
 
     t = _Tiny()
     cb = TelemetryCallback(timed_steps=(1, 2), window_min_s=0.25)
@@ -346,12 +346,12 @@ def test_timed_window_with_a_minimum_duration_stays_open_then_stops_training():
 
 def test_run_callbacks_follow_the_arguments():
     from qa.args import RunArguments
-    from qa.callbacks import RunCallbacks
+    from qa.training.callbacks import RunCallbacks
     from qa.communication import CommunicationCallback
-    from qa.preemption import CheckpointOnSignalCallback
-    from qa.profiling import ProfilerCallback
-    from qa.telemetry import TelemetryCallback
-    from qa.trial_steps import CompileWarmupCallback
+    from qa.training.preemption import CheckpointOnSignalCallback
+    from qa.training.profiling import ProfilerCallback
+    from qa.training.telemetry import TelemetryCallback
+    from qa.training.trial_steps import CompileWarmupCallback
 
     training_args = SimpleNamespace(output_dir="x")
     kinds = [type(c) for c in RunCallbacks(RunArguments(profile=True), training_args).callbacks]
@@ -391,11 +391,11 @@ def test_callbacks_are_installed_through_the_public_api():
     from transformers import PrinterCallback, ProgressCallback, Trainer, TrainingArguments
     from transformers.integrations import TensorBoardCallback
 
-    import qa.callbacks
+    import qa.training.callbacks
     from qa.args import RunArguments
-    from qa.callbacks import RunCallbacks
+    from qa.training.callbacks import RunCallbacks
 
-    assert "_getframe" not in inspect.getsource(qa.callbacks)
+    assert "_getframe" not in inspect.getsource(qa.training.callbacks)
     model = _Tiny().model
     args = TrainingArguments(output_dir="x", use_cpu=True, report_to=["tensorboard"])
     trainer = Trainer(model=model, args=args)

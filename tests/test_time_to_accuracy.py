@@ -1,4 +1,4 @@
-"""Time to accuracy (qa/time_to_accuracy.py): the training clock leaves the evaluations out, the
+"""Time to accuracy (qa/evaluation/time_to_accuracy.py): the training clock leaves the evaluations out, the
 target time is interpolated between the evaluations around it (or null with the best F1), and
 evaluating during training changes nothing in training, in one process and under torchrun."""
 import json
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from qa.time_to_accuracy import TimeToAccuracyCallback, eval_interval, first_questions, time_to_target
+from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback, eval_interval, first_questions, time_to_target
 from tests.helpers import TORCHRUN, go_offline, results, run_qa
 from tests.helpers import losses as _losses
 from tests.test_run_qa import TINY, _env

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from qa.errors import InputError
-from qa.features import CLS_INDEX, check_tokenizer, prepare_train_features, prepare_validation_features
+from qa.data.features import CLS_INDEX, check_tokenizer, prepare_train_features, prepare_validation_features
 from tests.helpers import DEV_SET, dev_set_columns, go_offline, minilm_tokenizer
 from tests.helpers import losses as logged_losses
 
@@ -56,7 +56,7 @@ def _batches(features, tokenizer, padded, batch_size=8):
     """The batches the model sees: the padded path's default collator, or the dynamic path's."""
     from transformers import default_data_collator
 
-    from qa.collate import BucketPaddingCollator
+    from qa.data.collate import BucketPaddingCollator
 
     keys = [k for k in features.keys() if k not in ("example_id", "offset_mapping")]
     rows = [{k: features[k][i] for k in keys} for i in range(len(features["input_ids"]))]
@@ -107,7 +107,7 @@ def _oracle_predictions(tok, ex, padded, version_2):
     """Post-processed predictions from logits that peak where each feature's labels point, in
     the batches and at the widths the model's outputs would have (gathered across batches and
     padded with -100, as the Trainer does)."""
-    from qa.postprocess import postprocess_qa_predictions
+    from qa.evaluation.postprocess import postprocess_qa_predictions
 
     f = prepare_validation_features(ex, tok, **WINDOW, pad_to_max_length=padded)
     width = WINDOW["max_seq_length"]

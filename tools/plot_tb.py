@@ -59,7 +59,7 @@ PLOTS = {
         ("score (%)", "percent", [(["eval_by_train_seconds/f1"], "F1"),
                                   (["eval_by_train_seconds/exact_match"], "exact match")])]),
 }
-# Plots whose x axis is not the optimizer step (qa/time_to_accuracy.py logs its scores with the
+# Plots whose x axis is not the optimizer step (qa/evaluation/time_to_accuracy.py logs its scores with the
 # training seconds as the step).
 X_LABELS = {TIME_PLOT: "training seconds (evaluations excluded)"}
 # The other train/perf/* figures (performance.png), by the last part of their tag.

@@ -4,7 +4,7 @@
     python tools/scaling_report.py STUDY [--out DIR] [--no-slurm]
 
 STUDY is the folder tools/scaling_submit.sh made: STUDY/manifest.json lists every submitted
-job, and each run's output folder holds all_results.json and environment.json (qa/records.py).
+job, and each run's output folder holds all_results.json and environment.json (qa/results/records.py).
 Writes into DIR (default STUDY), atomically:
 - scaling_report.md: a header (GPUs, hosts, versions, dates, config, git commit, from the runs'
   environment.json), one row per (strategy, nodes, GPUs per node): runs ok / expected, global

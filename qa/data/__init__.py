@@ -7,6 +7,6 @@ One job per module: `files` (formats, parsing), `normalise` (every source into o
 location). Bytes, gzip, UTF-8 and JSON are read by qa.io, the project's one reader. The accepted
 formats and checks: docs/data.md.
 """
-from .sources import SquadFile, load_raw_datasets, read_squad, split_source
+from qa.data.sources import SquadFile, load_raw_datasets, read_squad, split_source
 
 __all__ = ["SquadFile", "load_raw_datasets", "read_squad", "split_source"]

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List
 
-from ..errors import InputError
-from ..io import json_error, parse_json_lines, read_bytes, read_text, require_file
+from qa.errors import InputError
+from qa.io import json_error, parse_json_lines, read_bytes, read_text, require_file
 
 # What require_file / read_bytes call a data file in their messages.
 WHAT = "data file"

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from ..errors import InputError
-from .files import LINE_KEY, RawFile
+from qa.errors import InputError
+from qa.data.files import LINE_KEY, RawFile
 
 COLUMNS = ("id", "title", "context", "question", "answers")
 EXPECTED_COLUMNS = ("id, title (optional), context, question, and answers "

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..errors import InputError
-from .files import read_raw_file
-from .normalise import COLUMNS, squad_features, table_from_columns, table_from_nested, table_from_raw
-from .validate import validate
+from qa.errors import InputError
+from qa.data.files import read_raw_file
+from qa.data.normalise import COLUMNS, squad_features, table_from_columns, table_from_nested, table_from_raw
+from qa.data.validate import validate
 
 SPLITS = ("train", "validation", "test")
 SETUP_SCRIPT = "setup_bert.sh"
@@ -179,7 +179,7 @@ def synthetic_squad(split: str, questions: int, seed: int, version_2: bool) -> d
     synthetic_squad(split, N, ...): the generator gives a smaller count the first questions of a
     larger one."""
     # Imported here, not with the package: `python -m qa.data.synthetic` would find it imported.
-    from .synthetic import make_synthetic_squad
+    from qa.data.synthetic import make_synthetic_squad
 
     return make_synthetic_squad(questions, seed + SYNTHETIC_SEED_OFFSET[split], version_2)
 

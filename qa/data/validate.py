@@ -3,8 +3,8 @@ found, naming the question and saying how many others share it."""
 from collections import Counter
 from typing import List
 
-from ..errors import InputError
-from .normalise import Table, plural, short
+from qa.errors import InputError
+from qa.data.normalise import Table, plural, short
 
 
 def validate(table: Table, version_2_with_negative: bool, check_answer_spans: bool = True) -> None:

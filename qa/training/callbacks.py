@@ -1,7 +1,7 @@
 """The callbacks a run adds to the Trainer, built and installed in one place (`RunCallbacks`).
 
-Each callback lives with its job (qa.telemetry, qa.profiling, qa.preemption, qa.trial_steps for
-the compile warm-up, qa.communication, qa.time_to_accuracy) and takes plain values; this module alone reads the run's
+Each callback lives with its job (qa.training.telemetry, qa.training.profiling, qa.training.preemption, qa.training.trial_steps for
+the compile warm-up, qa.communication, qa.evaluation.time_to_accuracy) and takes plain values; this module alone reads the run's
 settings (qa.args.RunArguments) to build them, installs them through the Trainer's public
 `add_callback`, hands the Trainer the values to add to its log entries (`log_values`, for
 QuestionAnsweringTrainer's `log_extras`) and gathers what they measured (`summary`).
@@ -9,13 +9,13 @@ QuestionAnsweringTrainer's `log_extras`) and gathers what they measured (`summar
 import logging
 import os
 
-from .communication import CommunicationCallback
-from .console import log_lines_callback, replace_log_printer
-from .preemption import CheckpointOnSignalCallback
-from .profiling import ProfilerCallback
-from .telemetry import TelemetryCallback
-from .time_to_accuracy import TimeToAccuracyCallback
-from .trial_steps import CompileWarmupCallback
+from qa.communication import CommunicationCallback
+from qa.console import log_lines_callback, replace_log_printer
+from qa.training.preemption import CheckpointOnSignalCallback
+from qa.training.profiling import ProfilerCallback
+from qa.training.telemetry import TelemetryCallback
+from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
+from qa.training.trial_steps import CompileWarmupCallback
 
 logger = logging.getLogger(__name__)
 

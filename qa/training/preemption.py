@@ -13,7 +13,7 @@ import threading
 import torch
 from transformers import TrainerCallback
 
-from .ranks import distributed
+from qa.distributed import distributed
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .data import split_source
-from .data.sources import synthetic_squad
-from .io import atomic_write_json, atomic_write_text, read_json
-from .model_card import write_model_card
+from qa.data import split_source
+from qa.data.sources import synthetic_squad
+from qa.io import atomic_write_json, atomic_write_text, read_json
+from qa.results.model_card import write_model_card
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
@@ -189,7 +189,7 @@ def _data_source(cfg: dict, split: str) -> str:
 
 
 def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
-    """The evaluations during training (qa.time_to_accuracy) and the time to the target F1."""
+    """The evaluations during training (qa.evaluation.time_to_accuracy) and the time to the target F1."""
     subset = cfg.get("eval_every_questions")
     rows = [("evaluations during training", f"{results['eval_during_training_count']}, every "
              f"{results.get('eval_during_training_interval_steps')} steps, on "

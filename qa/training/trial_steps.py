@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from .collate import feature_lengths
-from .telemetry import compile_delta, compile_stats
+from qa.data.collate import feature_lengths
+from qa.training.telemetry import compile_delta, compile_stats
 
 logger = logging.getLogger(__name__)
 

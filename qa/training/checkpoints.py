@@ -22,9 +22,9 @@ from pathlib import Path
 
 import xxhash
 
-from .errors import InputError
-from .io import atomic_write_json, read_json
-from .runlock import LOCK_NAME as LOCK
+from qa.errors import InputError
+from qa.io import atomic_write_json, read_json
+from qa.training.runlock import LOCK_NAME as LOCK
 
 logger = logging.getLogger(__name__)
 COMPLETE_MARKER = "checkpoint_complete.json"
@@ -76,7 +76,7 @@ def run_record(model_config, training_args, data_args, train_examples) -> dict:
     """What a checkpoint's steps mean (the model's shape, the global batch, the windows, the
     training data: another value of any of these is refused), how the run splits its batch and
     where it ends (these may change)."""
-    from .cache import table_digest
+    from qa.data.cache import table_digest
 
     args = training_args
     shape = {k: v for k, v in model_config.to_dict().items()
@@ -134,7 +134,7 @@ def checkpoint_step(folder) -> int:
 
 def _run_ended(output_dir) -> bool:
     """The run of output_dir got to its end: the last thing it does is to add its wall clock to
-    all_results.json (qa.records.finish_run)."""
+    all_results.json (qa.results.records.finish_run)."""
     try:
         return "WALL_CLOCK_SECONDS" in read_json(Path(output_dir) / "all_results.json")
     except (InputError, TypeError):
@@ -288,7 +288,7 @@ def find_checkpoint(output_dir, resume: str, run=None):
     so that nothing of it mixes into the new run. Otherwise the given checkpoint folder, which
     must verify. With this run's run_record `run`, the checkpoint must fit it (check_resume), and
     a finished run in output_dir is not started over; both are checked before anything is moved.
-    Run by the main rank only (qa.ranks.on_main_rank): it moves folders."""
+    Run by the main rank only (qa.distributed.on_main_rank): it moves folders."""
     if resume == "never":
         earlier = [p for p in Path(output_dir).iterdir() if p.name != LOCK and not _ASIDE.match(p.name)]
         _move_aside(output_dir, earlier, "previous")

@@ -3,7 +3,7 @@
 Model FLOPs count real tokens only, by PaLM's formula (6N + 12·L·H·s per token); the peaks are
 the dense figures of NVIDIA's data sheets by matmul precision; MFU is achieved model FLOP/s over
 the peak. Pure functions, tested on hand-made numbers (tests/test_telemetry.py): the telemetry
-(qa.telemetry) applies them to what a run measured, bench/run_bench.py to its timed windows.
+(qa.training.telemetry) applies them to what a run measured, bench/run_bench.py to its timed windows.
 """
 import re
 

@@ -2,7 +2,7 @@
 
 Two runs in one folder (a job submitted twice, a rerun while the first still trains) would
 overwrite each other's checkpoints and results. Global rank 0 creates the lock with O_EXCL
-(other ranks learn the outcome through qa.ranks) and records host, pid and its start time, SLURM
+(other ranks learn the outcome through qa.distributed) and records host, pid and its start time, SLURM
 job and restart count; a second run refuses with one line naming the holder. A lock whose run is
 gone (same SLURM job requeued; same host and the process ended; another host and no heartbeat
 for STALE_AFTER_SECONDS) is taken over with a warning. README, "One run per output folder"."""
@@ -15,7 +15,7 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from .errors import InputError
+from qa.errors import InputError
 
 logger = logging.getLogger(__name__)
 LOCK_NAME = "run.lock"

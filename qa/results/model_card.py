@@ -8,8 +8,8 @@ import os
 import re
 from pathlib import Path
 
-from .data import split_source
-from .io import atomic_write_text
+from qa.data import split_source
+from qa.io import atomic_write_text
 
 CARD = "README.md"
 # Hub ids of the bundled models that have one (bundled:tiny-bert is built at random: none).

@@ -42,7 +42,7 @@ class BucketPaddingCollator:
     columns are padded on the right with the tokenizer's pad ids, whatever its padding side:
     start/end positions (stacked as they are, like any integer or float scalar column) and the
     evaluation features' offsets count tokens from the left, so padding on the left would move
-    the tokens away from their labels and their offsets (see qa/features.py, which pads on the
+    the tokens away from their labels and their offsets (see qa/data/features.py, which pads on the
     right for the same reason). The `length` column and any other column that is not a number
     or a list of numbers is dropped.
     """

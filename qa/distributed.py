@@ -7,7 +7,7 @@ stopped would wait in its next collective until the timeout (30 minutes by defau
 """
 import torch.distributed as dist
 
-from .errors import InputError
+from qa.errors import InputError
 
 
 def distributed() -> bool:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from .io import atomic_write_json, atomic_write_text
-from .telemetry import gib, max_rss_gib
+from qa.io import atomic_write_json, atomic_write_text
+from qa.training.telemetry import gib, max_rss_gib
 
 logger = logging.getLogger(__name__)
 PROFILE_DIR = "profile"
@@ -24,7 +24,7 @@ class ProfilerCallback(TrainerCallback):
         self.wait, self.warmup, self.active, self.repeat = wait, warmup, active, repeat
         self.with_stack, self.row_limit = with_stack, row_limit
         self.prof = None
-        self.overhead_s = 0.0  # host time spent here, for qa.telemetry.TelemetryCallback to set aside
+        self.overhead_s = 0.0  # host time spent here, for qa.training.telemetry.TelemetryCallback to set aside
         self.cycles = []  # [{"cycle": k, "global_steps": [...], "files": [...]}]
         self._recording = []  # global steps recorded in the current cycle
         self._cuda = False

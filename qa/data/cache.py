@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from . import features as features_module
+from qa.data import features as features_module
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 `TelemetryCallback` counts the tokens of every training batch the model sees and times the
 optimizer steps and the waits between them; `perf_metrics` turns a stretch of those counts into
 the `perf/*` figures logged at each logging step and the `train_*` totals of train_results.json.
-What a token costs and what the device can do is qa.flops. Units: seconds, GiB (2**30 bytes),
+What a token costs and what the device can do is qa.training.flops. Units: seconds, GiB (2**30 bytes),
 FLOP/s; shares and MFU are fractions in [0, 1], not percent.
 """
 import logging
@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import torch
 from transformers import TrainerCallback
 
-from .flops import gradient_size, matmul_precision, mfu, model_flops, model_shape, peak_flops
+from qa.training.flops import gradient_size, matmul_precision, mfu, model_flops, model_shape, peak_flops
 
 logger = logging.getLogger(__name__)
 
@@ -260,8 +260,8 @@ class TelemetryCallback(TrainerCallback):
     - Tokens: a forward pre-hook on the model reads the `attention_mask` of every training batch
       the model sees (padded as the collator padded it): real tokens, token positions, the
       squared real lengths (for the attention FLOPs).
-    - Model FLOPs, MFU: qa.flops.model_flops over step + data time, against the peak of the
-      device for the run's precision (qa.flops.peak_flops; null on a CPU unless given).
+    - Model FLOPs, MFU: qa.training.flops.model_flops over step + data time, against the peak of the
+      device for the run's precision (qa.training.flops.peak_flops; null on a CPU unless given).
     - Memory: torch.cuda.max_memory_allocated on a GPU; the process's peak RSS everywhere.
     - Timed window (`timed_steps=(start, stop)`, --telemetry_window): the device is synchronised
       at the end of optimizer steps `start` and `stop` and everything between is counted apart
