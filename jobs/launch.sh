@@ -16,7 +16,7 @@
 #   4. USR1 (`--signal=B:USR1@T`) or TERM: SIGTERM to every process of the job's steps, which save
 #      a checkpoint and stop; the job requeues itself; each run of the job appends its wall-clock
 #      time and outcome to OUTPUT/job_time.jsonl.
-# The variables it reads are documented in the job scripts' headers and docs/slurm.md.
+# Every variable it reads (and its default) is documented in one place: docs/slurm.md.
 set -uo pipefail
 
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -126,7 +126,7 @@ jl_output_place() {
   local where=$OUTPUT
   [[ $where == /* ]] || where=$PWD/$where
   if [[ -n ${LUSTRE:-} && -n ${HOME:-} && $where == "${HOME%/}"/* ]]; then
-    jl_note "warning: output folder $where is under \$HOME, whose quota is small (a bert-base run keeps about 3 GB there): submit from a folder on \$LUSTRE (cd \$LUSTRE/bert-squad && sbatch $REPO_DIR/$JL_NAME) or set OUTPUT_DIR=\$LUSTRE/runs/NAME"
+    jl_note "warning: output folder $where is under \$HOME, whose quota is small (a bert-base run keeps about 3 GB there): set OUTPUT_DIR=\$LUSTRE/runs/NAME, or submit from a folder on \$LUSTRE (cd \$LUSTRE/bert-squad && REPO_DIR=$REPO_DIR sbatch $REPO_DIR/$JL_NAME)"
   fi
 }
 
