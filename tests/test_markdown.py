@@ -111,3 +111,49 @@ def test_markdown_files_are_found():
 def test_markdown_renders_as_written(path):
     problems = rendering_problems(path.read_text(encoding="utf-8"))
     assert not problems, f"{path.relative_to(REPO)}:\n" + "\n".join(problems)
+
+
+def github_anchor(heading: str) -> str:
+    """The id GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def headings_and_links(text: str):
+    """The anchors of a Markdown text's headings, and the targets of its links (code excluded)."""
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    anchors, links, seen = set(), [], {}
+    for i, token in enumerate(tokens):
+        if token.type == "heading_open":
+            title = "".join(child.content for child in tokens[i + 1].children if child.type in ("text", "code_inline"))
+            anchor = github_anchor(title)
+            anchors.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
+            seen[anchor] = seen.get(anchor, 0) + 1
+        for child in token.children or []:
+            if child.type == "link_open":
+                links.append(child.attrs["href"])
+    return anchors, links
+
+
+def test_the_link_check_reads_headings_as_github_does():
+    anchors, links = headings_and_links("# The fast path's choices\n\n## `job_ft3.sh`: one GPU\n\n## Notes\n\n"
+                                        "## Notes\n\nSee [a](docs/x.md#y) and `[b](c.md)`.\n\n```\n[d](e.md)\n```\n")
+    assert anchors == {"the-fast-paths-choices", "job_ft3sh-one-gpu", "notes", "notes-1"}
+    assert links == ["docs/x.md#y"]
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_links_resolve(path):
+    """Every relative link names a file of the repository and, after '#', a heading of that file."""
+    broken = []
+    for link in headings_and_links(path.read_text(encoding="utf-8"))[1]:
+        if re.match(r"^[a-z]+:", link):  # https:, mailto:
+            continue
+        target, _, anchor = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        if not file.exists():
+            broken.append(f"{link}: no file {file}")
+        elif anchor and file.suffix == ".md" and anchor not in headings_and_links(file.read_text(encoding="utf-8"))[0]:
+            broken.append(f"{link}: no heading with the anchor #{anchor} in {file.relative_to(REPO)}")
+    assert not broken, f"{path.relative_to(REPO)}:\n" + "\n".join(broken)
