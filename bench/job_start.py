@@ -71,7 +71,8 @@ def measure(checkouts: dict, repeats: int, work: Path) -> list:
                 started = time.time()
                 job = subprocess.run(
                     ["sbatch", "--parsable", "-c", "2", "--mem=3G", "--time=15", "--gres=gpu:a100:1",
-                     "-J", f"{label}-r{repeat}", f"--export=ALL,ENV_FILE={env_file},REPO_DIR={checkout}", f"{checkout}/job_ft3.sh",
+                     "-J", f"{label}-r{repeat}", f"--export=ALL,ENV_FILE={env_file},REPO_DIR={checkout}",
+                     f"{checkout}/job_ft3.sh",
                      "configs/smoke_tiny.json", "--output_dir", str(folder / "out")],
                     capture_output=True, text=True, cwd=folder, env=env, check=True).stdout.strip().split(";")[0]
                 state, marks = _poll(cluster, env, job, folder, started, TERMINAL)
