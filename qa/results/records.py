@@ -1,7 +1,4 @@
-"""What a run leaves behind: metrics files, the environment record and a short report.
-
-All files are written atomically by the main process only.
-"""
+"""What a run leaves behind, written atomically by the main process: metrics, the environment, a short report."""
 import os
 import platform
 import socket
@@ -10,8 +7,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from qa.data import split_source
-from qa.data.sources import synthetic_squad
+from qa.data.sources import split_source
+from qa.data.synthetic import synthetic_squad
 from qa.io import atomic_write_json, atomic_write_text, read_json
 from qa.results.model_card import write_model_card
 
@@ -19,18 +16,16 @@ REPO_DIR = Path(__file__).resolve().parents[1]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
               "SLURM_GPUS_ON_NODE", "SLURM_RESTART_COUNT", "SLURM_JOB_PARTITION", "SLURM_ARRAY_TASK_ID")
 DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# Generated questions a run evaluated or predicted on are written beside its predictions (they
-# exist nowhere else): split -> (the step that reads it, its question limit, the file).
+# Generated questions a run evaluated or predicted on exist nowhere else: split -> (step, question limit, file).
 GENERATED_DATA = {"validation": ("do_eval", "max_eval_samples", "eval_data.json"),
                   "test": ("do_predict", "max_predict_samples", "predict_data.json")}
 
 
 def _git_commit():
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO_DIR), *args], capture_output=True, text=True, timeout=10).stdout
     try:
-        commit = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_DIR), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit, dirty = git("rev-parse", "HEAD").strip(), git("status", "--porcelain", "--untracked-files=no").strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return (commit + ("-dirty" if dirty else "")) or None
@@ -76,14 +71,10 @@ def environment_record(config: dict) -> dict:
     }
 
 
-def _json_safe(metrics: dict) -> dict:
-    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
-
-
 def save_split_metrics(output_dir, split: str, metrics: dict) -> None:
     """`{split}_results.json`, merged into `all_results.json` (what the HF examples write)."""
     output_dir = Path(output_dir)
-    metrics = _json_safe(metrics)
+    metrics = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
     atomic_write_json(output_dir / f"{split}_results.json", metrics)
     path = output_dir / "all_results.json"
     merged = read_json(path) if path.exists() else {}
@@ -98,8 +89,8 @@ def device_name(env: dict) -> str:
 
 
 def results_markdown(results: dict, env: dict) -> str:
-    """The run in a short table: the figures of the steps it ran (training, evaluation,
-    prediction), each with the data it read; a figure the run did not produce has no row."""
+    """The run in a short table: the figures of the steps it ran, each with the data it read; a figure the
+    run did not produce has no row."""
     def fmt(key, unit="", digits=2):
         v = results.get(key)
         if v is None:
@@ -162,9 +153,7 @@ def results_markdown(results: dict, env: dict) -> str:
 
 
 def generated_data_files(cfg: dict) -> dict:
-    """split -> (file name, questions) of the generated splits a run with this configuration
-    evaluated or predicted on (--dataset_name synthetic, no file or article slice given for the
-    split)."""
+    """split -> (file name, questions) of the generated splits the run evaluated or predicted on."""
     if cfg.get("dataset_name") != "synthetic":
         return {}
     out = {}
@@ -176,8 +165,8 @@ def generated_data_files(cfg: dict) -> dict:
 
 
 def write_generated_data(output_dir, cfg: dict) -> None:
-    """The generated questions the run evaluated or predicted on, as official SQuAD JSON: what
-    `utils_qa.py score` needs to score its predictions."""
+    """The generated questions the run evaluated or predicted on, as official SQuAD JSON (what
+    `utils_qa.py score` needs)."""
     for split, (name, questions) in generated_data_files(cfg).items():
         squad = synthetic_squad(split, questions, cfg["synthetic_seed"], cfg["version_2_with_negative"])
         atomic_write_json(Path(output_dir) / name, squad, indent=None)
@@ -189,7 +178,7 @@ def _data_source(cfg: dict, split: str) -> str:
 
 
 def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
-    """The evaluations during training (qa.evaluation.time_to_accuracy) and the time to the target F1."""
+    """The evaluations during training and the time to the target F1."""
     subset = cfg.get("eval_every_questions")
     rows = [("evaluations during training", f"{results['eval_during_training_count']}, every "
              f"{results.get('eval_during_training_interval_steps')} steps, on "
@@ -211,7 +200,7 @@ def _count_pair(results, first, second):
 
 
 def communication_rows(results: dict, fmt) -> list:
-    """What qa.communication measured (distributed runs) and the switches in effect."""
+    """What qa.communication measured and the switches in effect."""
     mb = results.get("comm_allreduce_bytes")
     rows = [("gradient communication", f"{results.get('comm_world_size')} ranks on {fmt('comm_nodes', '', 0)} "
              f"node(s), {results.get('comm_backend')}, {results.get('comm_wrapper')}; hook "
@@ -232,8 +221,7 @@ def communication_rows(results: dict, fmt) -> list:
 
 
 def finish_run(output_dir, wall_clock_seconds: float, env: dict, extra=None) -> dict:
-    """all_results.json completed with the wall clock and `extra` (what only the end of a run knows),
-    and results.md from it."""
+    """all_results.json completed with the wall clock and `extra` (known only at the end), and results.md."""
     output_dir = Path(output_dir)
     path = output_dir / "all_results.json"
     results = read_json(path) if path.exists() else {}
