@@ -1,10 +1,6 @@
-"""Reading and writing the project's files.
-
-Every file the project reads goes through `read_bytes` / `read_text` / `read_json`: gzip recognised by
-its content, UTF-8, and each problem a one-line InputError naming the file and the fix. Writes are
-atomic, and a written file gets what the umask gives any new file (0644 under 022), so the group can
-read the results on a shared cluster (temporary files and safetensors' writer would leave 0600).
-"""
+"""The project's one reader (gzip by content, UTF-8, every problem a one-line InputError naming the file
+and the fix) and its atomic writes, whose files get what the umask gives any new file (0644 under 022:
+the group can read results on a shared cluster; temporary files and safetensors would leave 0600)."""
 import gzip
 import json
 import os

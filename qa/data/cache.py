@@ -39,14 +39,11 @@ def table_digest(dataset) -> str:
     return _DIGESTS[dataset]
 
 
-# Per-call state of a fast tokenizer, set by each call from arguments the key holds as `params`: hashed,
-# it made a split's key depend on what the process had tokenized before.
-_TOKENIZER_CALL_STATE = ("truncation", "padding")
-
-
 def _tokenizer_digest(tokenizer) -> str:
     definition = json.loads(tokenizer.backend_tokenizer.to_str())
-    for key in _TOKENIZER_CALL_STATE:
+    # Per-call state, set by each call from arguments the key holds as `params`: hashed, it made a
+    # split's key depend on what the process had tokenized before.
+    for key in ("truncation", "padding"):
         definition.pop(key, None)
     # Settings outside the backend's definition that change the features (question/context order,
     # where windows start, whether token_type_ids are made, padding and the CLS label).
@@ -63,13 +60,8 @@ def _tokenizer_digest(tokenizer) -> str:
 
 
 def features_key(examples, tokenizer, fn, params: dict) -> str:
-    parts = {
-        "examples": table_digest(examples),
-        "tokenizer": _tokenizer_digest(tokenizer),
-        "function": fn.__name__,
-        "code": hashlib.sha256(inspect.getsource(features_module).encode()).hexdigest(),
-        "params": params,
-    }
+    parts = {"examples": table_digest(examples), "tokenizer": _tokenizer_digest(tokenizer), "function": fn.__name__,
+             "code": hashlib.sha256(inspect.getsource(features_module).encode()).hexdigest(), "params": params}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 

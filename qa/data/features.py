@@ -1,12 +1,7 @@
-"""SQuAD examples -> model features (plain functions over dicts of lists; no model needed).
-
-A context longer than the window is split into windows ("features") of at most `max_seq_length` tokens,
-consecutive windows sharing `doc_stride` tokens, each the tokenizer's pair template around the question
-and a context window (context first for a tokenizer that pads on the left: `question_first`). A training
-feature is labelled with the answer's token span, or with CLS when the answer is not wholly inside its
-window (or there is none). Evaluation features keep their question's id and, per token, the character
-span in the context (None outside it): all that post-processing needs to turn logits into answer text.
-"""
+"""SQuAD examples -> model features: windows of at most `max_seq_length` tokens over each context,
+sharing `doc_stride` tokens, labelled with the answer's token span or CLS when the window lacks it;
+evaluation features keep their question's id and each token's character span in the context, which
+is all post-processing needs to turn logits into answer text."""
 from qa.errors import InputError
 from qa.settings import check_window
 
@@ -22,8 +17,7 @@ def question_first(tokenizer) -> bool:
 
 
 def check_tokenizer(tokenizer, max_seq_length=None, doc_stride=None, max_query_length=None) -> None:
-    """Refuse a tokenizer whose features would be mislabelled, and window settings (when given) its
-    pair template leaves no room for."""
+    """Refuse a tokenizer whose features would be mislabelled, and window settings its template leaves no room for."""
     where = f"tokenizer of {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"
     fix = "use an encoder whose tokenizer starts every question/context pair with a CLS token (BERT-, " \
           "RoBERTa-, ELECTRA-style)"
@@ -67,10 +61,6 @@ def _tokenize(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
     )
 
 
-def context_sequence_id(tokenizer) -> int:
-    return 1 if question_first(tokenizer) else 0
-
-
 def answer_token_span(offsets, sequence_ids, start_char: int, end_char: int, context_id: int = 1):
     """Token (start, end) covering characters [start_char, end_char) of the context (sequence
     `context_id`), or (CLS_INDEX, CLS_INDEX) when that span is not wholly inside this window."""
@@ -108,8 +98,8 @@ def prepare_train_features(examples, tokenizer, max_seq_length=384, doc_stride=1
     """Batched: dict of lists (id, question, context, answers) -> training features."""
     enc = _tokenize(examples, tokenizer, max_seq_length, doc_stride, max_query_length, pad_to_max_length)
     sample_of = enc.pop("overflow_to_sample_mapping")
-    enc["start_positions"], enc["end_positions"] = _labels(enc, sample_of, examples["answers"],
-                                                           context_sequence_id(tokenizer))
+    context_id = 1 if question_first(tokenizer) else 0  # the context's sequence id in a feature
+    enc["start_positions"], enc["end_positions"] = _labels(enc, sample_of, examples["answers"], context_id)
     enc.pop("offset_mapping")
     return enc
 
@@ -120,7 +110,7 @@ def prepare_validation_features(examples, tokenizer, max_seq_length=384, doc_str
     with labels (default: when the examples carry answers) the model also reports an evaluation loss."""
     enc = _tokenize(examples, tokenizer, max_seq_length, doc_stride, max_query_length, pad_to_max_length)
     sample_of = enc.pop("overflow_to_sample_mapping")
-    context_id = context_sequence_id(tokenizer)
+    context_id = 1 if question_first(tokenizer) else 0
     with_labels = "answers" in examples if with_labels is None else with_labels
     labels = _labels(enc, sample_of, examples["answers"], context_id) if with_labels else None
     enc["example_id"] = [examples["id"][sample] for sample in sample_of]

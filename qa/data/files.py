@@ -30,14 +30,9 @@ def read_table(path: str, require_answers: bool) -> Table:
                 raise json_error(path, exc, hint="a file with one JSON object per line should be named .jsonl") from exc
         else:
             return table_from_document(document, path, require_answers)
-    records, lines = [], []  # JSON Lines, also in a file named .json
-    for lineno, record in parse_json_lines(text, path):
-        if not isinstance(record, dict):
-            raise InputError(f"{path}, line {lineno}", f"is a JSON {type(record).__name__}, not an object",
-                             "write one JSON object (one question) per line")
-        records.append(record)
-        lines.append(lineno)
-    return table_from_records(records, path, require_answers, locate=lambda i: f"line {lines[i]}")
+    numbered = list(parse_json_lines(text, path))  # JSON Lines, also in a file named .json
+    return table_from_records([record for _, record in numbered], path, require_answers,
+                              locate=lambda i: f"line {numbered[i][0]}")
 
 
 def check_data_file(path: str) -> None:

@@ -87,7 +87,14 @@ def table_from_nested(articles: list, path: str, require_answers: bool) -> Table
                 table.title.append(title)
                 table.context.append(context)
                 table.question.append(_text(_field(qa, "question", None, where)))
-                table.answers.append(_nested_answers(qa, where, require_answers))
+                answers = {"text": [], "answer_start": []}
+                if "answers" in qa or require_answers:
+                    answers = _answers_from_value(_field(qa, "answers", list, where), where)
+                if qa.get("is_impossible") and answers["text"]:
+                    raise InputError(where, f"is marked is_impossible but has "
+                                     f"{plural(len(answers['text']), 'answer')}",
+                                     "remove its answers or set is_impossible to false")
+                table.answers.append(answers)
                 table.has_answers |= "answers" in qa
                 table.declares_v2 |= qa.get("is_impossible") is True
                 places.append(place)
@@ -95,16 +102,6 @@ def table_from_nested(articles: list, path: str, require_answers: bool) -> Table
         raise InputError(path, "contains no questions", "give a file with SQuAD data")
     table.locate = places.__getitem__
     return table
-
-
-def _nested_answers(qa: dict, where: str, require_answers: bool) -> dict:
-    if "answers" not in qa and not require_answers:
-        return {"text": [], "answer_start": []}
-    answers = _answers_from_value(_field(qa, "answers", list, where), where)
-    if qa.get("is_impossible") and answers["text"]:
-        raise InputError(where, f"is marked is_impossible but has {plural(len(answers['text']), 'answer')}",
-                         "remove its answers or set is_impossible to false")
-    return answers
 
 
 def _field(obj, key: str, kind, where: str):
@@ -123,13 +120,14 @@ def _field(obj, key: str, kind, where: str):
 
 def table_from_records(records: list, path: str, require_answers: bool, locate=None) -> Table:
     """Flat records (a JSON list, JSON Lines) into columns, then into a Table."""
+    locate = locate or Table.locate
     for i, record in enumerate(records):
         if not isinstance(record, dict):
-            raise InputError(f"{path}, record {i + 1}", f"is a {type(record).__name__}, not an object",
-                             f"write each record as an object with columns {EXPECTED_COLUMNS}")
+            raise InputError(f"{path}, {locate(i)}", f"is a JSON {type(record).__name__}, not an object",
+                             f"write each record (one question) as an object with columns {EXPECTED_COLUMNS}")
     keys = dict.fromkeys(k for record in records for k in record)
     columns = {k: [record.get(k) for record in records] for k in keys}
-    return table_from_columns(columns, path, require_answers, locate or Table.locate)
+    return table_from_columns(columns, path, require_answers, locate)
 
 
 def table_from_columns(columns: dict, path: str, require_answers: bool, locate: Callable[[int], str]) -> Table:
@@ -179,7 +177,7 @@ def _answers_from_value(value, where: str) -> dict:
             raise InputError(where, f"its answers are not valid JSON ({exc.msg} at column {exc.colno}): "
                              f"{short(value)}", 'write them as {"text": [...], "answer_start": [...]}') from exc
     if isinstance(value, dict) and "text" in value and "answer_start" in value:
-        texts, starts = _as_list(value["text"]), _as_list(value["answer_start"])
+        texts, starts = (v if isinstance(v, list) else [v] for v in (value["text"], value["answer_start"]))
     elif isinstance(value, list) and all(isinstance(a, dict) and "text" in a and "answer_start" in a
                                          for a in value):
         texts, starts = [a["text"] for a in value], [a["answer_start"] for a in value]
@@ -205,10 +203,6 @@ def _answers_from_pair(text, start, where: str) -> dict:
 
 def _is_blank(value) -> bool:
     return len(value) == 0 if isinstance(value, list) else _text(value).strip() == ""
-
-
-def _as_list(value) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _to_int(value, where: str) -> int:

@@ -1,11 +1,7 @@
-"""Deterministic synthetic SQuAD-format data: no download, learnable, but not trivial.
-
-Each paragraph states 3-6 facts (one sentence each) about different fictional people, from two or three
-relation kinds, so several sentences hold an answer of the same type and a model must match the entity
-named in the question to the right sentence. About 5% of paragraphs are long (9-11 sentences), which
-exercises the sliding window at max_seq_length 128. With `version_2_with_negative`, about a third of the
-questions ask about a relation or entity the paragraph does not state, and have no answer.
-"""
+"""Deterministic synthetic SQuAD-format data, learnable but not trivial: each paragraph states 3-6 facts
+about fictional people from two or three relation kinds, so several sentences hold an answer of the
+question's type; 5% are long (9-11 sentences) for the sliding window at 128 tokens; in v2 data about a
+third of the questions ask about a relation or entity the paragraph does not state."""
 import random
 import string
 
@@ -51,7 +47,8 @@ KINDS = {
                "N": ["How many windows did the house of {P} have?", "How many windows were in {P}'s house?"],
                "C": ["In which city did {P} live?", "Where did {P} live?"],
                "P": ["Who lived in a {K} house?", "Whose house had {N} windows?"]}),
-    "book": (["{P} wrote {B} in {Y}.", "In {Y}, {P} published a novel called {B}.", "{B}, a novel by {P}, appeared in {Y}."],
+    "book": (["{P} wrote {B} in {Y}.", "In {Y}, {P} published a novel called {B}.",
+              "{B}, a novel by {P}, appeared in {Y}."],
              {"B": ["What novel did {P} write?", "Which book was written by {P}?"],
               "P": ["Who wrote {B}?", "Who is the author of {B}?"],
               "Y": ["When did {P} write {B}?", "In what year was {B} published?"]}),
@@ -65,7 +62,8 @@ KINDS = {
                 "D": ["Where did {P} travel to from {C}?", "To which city did {P} travel?"],
                 "C": ["From which city did {P} travel to {D}?", "Where did the journey of {P} begin?"]}),
     "paint": (["{P} painted the gates of the {O} {K} in {Y}.", "In {Y}, the gates of the {O} were painted {K} by {P}."],
-              {"K": ["What colour did {P} paint the gates of the {O}?", "What colour were the gates of the {O} painted?"],
+              {"K": ["What colour did {P} paint the gates of the {O}?",
+                     "What colour were the gates of the {O} painted?"],
                "Y": ["When did {P} paint the gates of the {O}?", "In which year were the gates of the {O} painted?"],
                "P": ["Who painted the gates of the {O}?", "Who painted the gates of the {O} {K}?"]}),
 }

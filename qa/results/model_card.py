@@ -55,8 +55,7 @@ def _training_time(results: dict):
 
 
 def model_card(output_dir, results: dict, env: dict, device: str) -> str:
-    """The card's Markdown: what was trained from what, on what, how, how well, how long, on
-    which device, and the command and Python lines that answer questions with it."""
+    """The card's Markdown: the model, its data, recipe, scores and run, and how to ask it questions."""
     cfg, folder = env["config"], os.fspath(output_dir)
     world = int(env["distributed"].get("WORLD_SIZE", "1"))
     version = "SQuAD v2.0 (may answer that there is no answer)" if cfg.get("version_2_with_negative") else "SQuAD v1.1"

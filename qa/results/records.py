@@ -44,15 +44,12 @@ def _versions():
 def _devices():
     import torch
 
-    info = {"cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
+    gpus = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    return {"cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-            "gpu_count": torch.cuda.device_count(), "gpus": []}
-    for i in range(info["gpu_count"]):
-        p = torch.cuda.get_device_properties(i)
-        info["gpus"].append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)})
-    info["cpu_count"] = os.cpu_count()
-    info["processor"] = platform.processor() or platform.machine()
-    return info
+            "gpu_count": len(gpus), "gpus": [{"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)}
+                                             for p in gpus],
+            "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()}
 
 
 def environment_record(config: dict) -> dict:
@@ -89,8 +86,7 @@ def device_name(env: dict) -> str:
 
 
 def results_markdown(results: dict, env: dict) -> str:
-    """The run in a short table: the figures of the steps it ran, each with the data it read; a figure the
-    run did not produce has no row."""
+    """The run in a short table: the figures of the steps it ran, each with the data it read (none: no row)."""
     def fmt(key, unit="", digits=2):
         v = results.get(key)
         if v is None:
@@ -107,9 +103,11 @@ def results_markdown(results: dict, env: dict) -> str:
     if cfg.get("do_train"):
         # The Trainer's clock runs through evaluations during training; say so where there were some.
         evals = results.get("eval_during_training_count")
+        questions, features = results.get("train_examples"), results.get("train_features")
         rows += [
             ("training data", split_source(cfg, "train")),
-            ("training questions (features)", _count_pair(results, "train_examples", "train_features")),
+            ("training questions (features)", None if questions is None or features is None else
+             f"{questions:,} ({features:,})"),
             ("training time (evaluations included)" if evals else "training time", fmt("train_runtime", " s", 1)),
             ("training samples/s (features, evaluations included)" if evals else "training samples/s (features)",
              fmt("train_samples_per_second")),
@@ -120,17 +118,11 @@ def results_markdown(results: dict, env: dict) -> str:
             ("MFU (model FLOPs / device peak)", fmt("train_mfu", "", 3)),
             ("peak GPU memory (allocated)", fmt("train_peak_memory_gib", " GiB", 2)),
             ("peak host memory (process RSS)", fmt("train_peak_rss_gib", " GiB", 2)),
-            ("epochs", fmt("epoch")),
-            ("final training loss", fmt("train_loss", "", 4)),
-        ]
+            ("epochs", fmt("epoch")), ("final training loss", fmt("train_loss", "", 4))]
     if cfg.get("do_eval"):
-        rows += [
-            ("evaluation data", _data_source(cfg, "validation")),
-            ("evaluation questions", fmt("eval_examples", "", 0)),
-            ("eval exact match", fmt("eval_exact_match")),
-            ("eval F1", fmt("eval_f1")),
-            ("eval loss", fmt("eval_loss", "", 4)),
-        ]
+        rows += [("evaluation data", _data_source(cfg, "validation")),
+                 ("evaluation questions", fmt("eval_examples", "", 0)), ("eval exact match", fmt("eval_exact_match")),
+                 ("eval F1", fmt("eval_f1")), ("eval loss", fmt("eval_loss", "", 4))]
     if results.get("eval_during_training_count"):
         rows += time_to_accuracy_rows(results, cfg, fmt)
     if cfg.get("do_predict"):
@@ -139,9 +131,7 @@ def results_markdown(results: dict, env: dict) -> str:
             ("prediction data", _data_source(cfg, "test")),
             ("predictions", None if answered is None else
              f"{answered:,} of {results.get('predict_examples', answered):,} questions, in predict_predictions.json"),
-            ("prediction exact match", fmt("predict_exact_match")),
-            ("prediction F1", fmt("predict_f1")),
-        ]
+            ("prediction exact match", fmt("predict_exact_match")), ("prediction F1", fmt("predict_f1"))]
     if "comm_world_size" in results:
         rows += communication_rows(results, lambda *a: fmt(*a) or "n/a")
     lines = ["# Run summary", "", f"Finished {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
@@ -156,17 +146,14 @@ def generated_data_files(cfg: dict) -> dict:
     """split -> (file name, questions) of the generated splits the run evaluated or predicted on."""
     if cfg.get("dataset_name") != "synthetic":
         return {}
-    out = {}
-    for split, (step, limit, name) in GENERATED_DATA.items():
-        if cfg.get(step) and not cfg.get(f"{split}_file") and not cfg.get(f"{split}_articles"):
-            questions = cfg["synthetic_eval_examples"]
-            out[split] = (name, questions if cfg.get(limit) is None else min(questions, cfg[limit]))
-    return out
+    questions = cfg["synthetic_eval_examples"]
+    return {split: (name, questions if cfg.get(limit) is None else min(questions, cfg[limit]))
+            for split, (step, limit, name) in GENERATED_DATA.items()
+            if cfg.get(step) and not cfg.get(f"{split}_file") and not cfg.get(f"{split}_articles")}
 
 
 def write_generated_data(output_dir, cfg: dict) -> None:
-    """The generated questions the run evaluated or predicted on, as official SQuAD JSON (what
-    `utils_qa.py score` needs)."""
+    """The generated questions the run evaluated or predicted on, as SQuAD JSON for `utils_qa.py score`."""
     for split, (name, questions) in generated_data_files(cfg).items():
         squad = synthetic_squad(split, questions, cfg["synthetic_seed"], cfg["version_2_with_negative"])
         atomic_write_json(Path(output_dir) / name, squad, indent=None)
@@ -194,11 +181,6 @@ def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
     return rows
 
 
-def _count_pair(results, first, second):
-    a, b = results.get(first), results.get(second)
-    return None if a is None or b is None else f"{a:,} ({b:,})"
-
-
 def communication_rows(results: dict, fmt) -> list:
     """What qa.communication measured and the switches in effect."""
     mb = results.get("comm_allreduce_bytes")
@@ -207,16 +189,17 @@ def communication_rows(results: dict, fmt) -> list:
              f"{results.get('comm_ddp_comm_hook')}, buckets {fmt('comm_ddp_bucket_cap_mb', ' MiB', 0)}")]
     if mb is not None:
         rows.append(("all-reduce of the gradients, whole group",
-                     f"{mb / 1e6:,.1f} MB ({results.get('comm_allreduce_dtype')}) in {fmt('comm_allreduce_s', ' s', 4)}: "
-                     f"algbw {fmt('comm_allreduce_algbw_GBps', ' GB/s', 2)}, "
+                     f"{mb / 1e6:,.1f} MB ({results.get('comm_allreduce_dtype')}) in "
+                     f"{fmt('comm_allreduce_s', ' s', 4)}: algbw {fmt('comm_allreduce_algbw_GBps', ' GB/s', 2)}, "
                      f"busbw {fmt('comm_allreduce_busbw_GBps', ' GB/s', 2)}"))
     if results.get("comm_intranode_s") is not None:
-        rows.append(("all-reduce within one node", f"{fmt('comm_intranode_s', ' s', 4)} over "
-                     f"{results.get('comm_intranode_ranks')} ranks: busbw {fmt('comm_intranode_busbw_GBps', ' GB/s', 2)}"))
+        ranks = results.get("comm_intranode_ranks")
+        rows.append(("all-reduce within one node", f"{fmt('comm_intranode_s', ' s', 4)} over {ranks} ranks: "
+                     f"busbw {fmt('comm_intranode_busbw_GBps', ' GB/s', 2)}"))
     if results.get("comm_step_sync_s") is not None:
         rows.append(("exposed communication per step", f"{fmt('comm_exposed_s', ' s', 4)} "
-                     f"({fmt('comm_exposed_share', '', 3)} of a {fmt('comm_step_sync_s', ' s', 4)} forward + backward; "
-                     f"{fmt('comm_step_nosync_s', ' s', 4)} without synchronisation)"))
+                     f"({fmt('comm_exposed_share', '', 3)} of a {fmt('comm_step_sync_s', ' s', 4)} forward + "
+                     f"backward; {fmt('comm_step_nosync_s', ' s', 4)} without synchronisation)"))
     return rows
 
 
