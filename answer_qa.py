@@ -121,7 +121,7 @@ class Answerer:
 
     def answer_file(self, path, top_k: int = 1) -> list:
         """Every question of a data file run_qa.py reads (--test_file: labelled or not)."""
-        from qa.data import read_squad
+        from qa.data.sources import read_squad
 
         return self.answer_examples(read_squad(path, self.data_args.version_2_with_negative,
                                                require_answers=False).dataset, top_k)

@@ -29,7 +29,7 @@ from qa.training.checkpoints import check_no_finished_run, checkpoint_step, find
 from qa.data.collate import BucketPaddingCollator, add_length_column  # noqa: E402
 from qa.config import finalize, out_of_memory, parse_args  # noqa: E402
 from qa.console import configure_logging  # noqa: E402
-from qa.data import load_raw_datasets  # noqa: E402
+from qa.data.sources import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
 from qa.data.features import check_tokenizer, prepare_train_features, prepare_validation_features  # noqa: E402
 from qa.io import atomic_write_json  # noqa: E402

@@ -133,7 +133,7 @@ def main(argv=None):
 
     from transformers import AutoTokenizer
 
-    from qa.data import read_squad
+    from qa.data.sources import read_squad
     from qa.model import bundled_minilm_dir
 
     load = [os.getloadavg()]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qa.data import read_squad
+from qa.data.sources import read_squad
 from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.data.features import prepare_validation_features

@@ -1,15 +1,6 @@
-"""Reading and writing the project's files: one reader, writes a reader can trust.
-
-Reading: every file the project reads (data, configs, predictions, run records) goes through
-`read_bytes` / `read_text` / `read_json`: gzip recognised by its content whatever the name, UTF-8,
-and each problem a one-line InputError naming the file (and, for malformed JSON, the line and
-column) and the fix.
-
-Writing: atomic, so a reader sees the old file or the new one, never half of one; a file the run
-writes gets what the user's umask gives any new file (0644 under umask 022), so a group member or
-a teacher on a shared cluster can read the results and load the model; the temporary files behind
-atomic writes (and safetensors' own writer) would otherwise leave them at 0600.
-"""
+"""The project's one reader (gzip by content, UTF-8, every problem a one-line InputError naming the file
+and the fix) and its atomic writes, whose files get what the umask gives any new file (0644 under 022:
+the group can read results on a shared cluster; temporary files and safetensors would leave 0600)."""
 import gzip
 import json
 import os
@@ -23,31 +14,24 @@ from qa.errors import InputError
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-# ----------------------------------------------------------------------------------------------
-# Reading
-
-
 def require_file(path, what: str = "file") -> None:
     """`path` exists and is a file (`what` names it in the fix: "data file", "config file")."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise InputError(path, "file not found",
-                         f"check the path (a relative path is taken from {os.getcwd()})")
+        raise InputError(path, "file not found", f"check the path (a relative path is taken from {os.getcwd()})")
     if os.path.isdir(path):
         raise InputError(path, "is a directory, not a file", f"give the path of the {what}")
 
 
 def read_bytes(path, what: str = "file") -> bytes:
-    """The file's content, decompressed when it is gzip (by its content: a gzipped file keeps
-    working whatever its name)."""
+    """The file's content, decompressed when its content is gzip, whatever its name."""
     path = os.fspath(path)
     require_file(path, what)
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
-        raise InputError(path, f"cannot be read ({exc.strerror or exc})",
-                         "check the file's permissions") from exc
+        raise InputError(path, f"cannot be read ({exc.strerror or exc})", "check the file's permissions") from exc
     if path.lower().endswith(".gz") and data[:2] != GZIP_MAGIC:
         raise InputError(path, "is named .gz but is not gzip-compressed",
                          "drop the .gz suffix, or compress the file with gzip")
@@ -56,31 +40,27 @@ def read_bytes(path, what: str = "file") -> bytes:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:
             raise InputError(path, f"is not a valid gzip file ({exc})",
-                             "re-create it with gzip (it starts like one but is damaged or "
-                             "truncated)") from exc
+                             "re-create it with gzip (it starts like one but is damaged or truncated)") from exc
     return data
 
 
 def read_text(path, what: str = "file") -> str:
     """The file's content as UTF-8 text (a byte-order mark is dropped)."""
-    data = read_bytes(path, what)
     try:
-        return data.decode("utf-8-sig")
+        return read_bytes(path, what).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(os.fspath(path), f"is not UTF-8 text (bad byte at offset {exc.start})",
                          "save the file as UTF-8") from exc
 
 
 def json_error(path, exc: json.JSONDecodeError, lineno: Optional[int] = None, hint: str = "") -> InputError:
-    """The one message for malformed JSON: the file, line and column, and the fix (`hint`: what
-    the caller adds to it)."""
-    line = lineno if lineno is not None else exc.lineno
-    return InputError(f"{os.fspath(path)}, line {line} column {exc.colno}", f"malformed JSON: {exc.msg}",
+    """The one message for malformed JSON: the file, line and column, and the fix."""
+    return InputError(f"{os.fspath(path)}, line {lineno or exc.lineno} column {exc.colno}",
+                      f"malformed JSON: {exc.msg}",
                       "correct the JSON syntax at that point" + (f" ({hint})" if hint else ""))
 
 
 def read_json(path, what: str = "file"):
-    """The JSON file at `path` parsed (plain or gzip), or an InputError naming it."""
     text = read_text(path, what)
     try:
         return json.loads(text)
@@ -91,44 +71,30 @@ def read_json(path, what: str = "file"):
 def parse_json_lines(text: str, path) -> Iterator[Tuple[int, object]]:
     """(line number, parsed value) for each non-blank line of JSON Lines `text` read from `path`."""
     for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise json_error(path, exc, lineno) from exc
+        if line.strip():
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise json_error(path, exc, lineno) from exc
 
 
 def read_json_lines(path, what: str = "file") -> list:
-    """The values of a JSON Lines file, one per non-blank line."""
     return [value for _, value in parse_json_lines(read_text(path, what), path)]
 
 
-# ----------------------------------------------------------------------------------------------
-# Writing
-
-
-def umask() -> int:
-    """The process's umask, read without changing it where the system allows."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)  # elsewhere the only way to read it is to set it, then put it back
-    os.umask(mask)
-    return mask
-
-
 def new_file_mode() -> int:
-    """The mode `open()` gives a new file under the current umask."""
-    return 0o666 & ~umask()
+    """The mode `open()` gives a new file under the process's umask."""
+    try:  # read without setting it (setting it is not thread-safe) where the system says it
+        status = Path("/proc/self/status").read_text()
+        mask = int(next(line for line in status.splitlines() if line.startswith("Umask:")).split()[1], 8)
+    except (OSError, ValueError, StopIteration):
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
 
 
 def give_new_file_modes(folder) -> None:
-    """The files directly in `folder` (just written by a library, e.g. model weights) get the
-    mode a new file gets under the umask."""
+    """The files directly in `folder` (just written by a library) get the mode of a new file."""
     mode = new_file_mode()
     for entry in os.scandir(folder):
         if entry.is_file(follow_symlinks=False):
@@ -154,4 +120,4 @@ def atomic_write_text(path, text: str) -> None:
 
 
 def atomic_write_json(path, obj, indent: int = 2) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")

@@ -21,7 +21,7 @@ TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 def dev_set_columns():
     """The official dev set as columns (id, title, context, question, answers), in file order,
     read by the project's own loader. Callers must not modify it."""
-    from qa.data import read_squad
+    from qa.data.sources import read_squad
 
     return read_squad(DEV_SET).dataset.to_dict()
 

@@ -2,7 +2,7 @@
 from qa.data.cache import cached_features, features_key
 from qa.data.features import prepare_train_features, prepare_validation_features
 from qa.args import DataArguments
-from qa.data import load_raw_datasets
+from qa.data.sources import load_raw_datasets
 from tests.helpers import minilm_tokenizer
 
 PARAMS = dict(max_seq_length=128, doc_stride=32, max_query_length=32, pad_to_max_length=False)

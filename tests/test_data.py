@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from qa.args import DataArguments
-from qa.data import load_raw_datasets, read_squad
+from qa.data.sources import load_raw_datasets, read_squad
 from qa.data.sources import parse_slice, select_articles
 from qa.errors import InputError
 from tests.helpers import DEV_SET, REPO
@@ -387,7 +387,7 @@ def test_bad_input_raises_input_error(tmp_path, case):
 def test_offline_with_empty_cache_says_run_setup_script(tmp_path):
     cache = tmp_path / "empty-cache"
     cache.mkdir()
-    code = ("from qa.args import DataArguments; from qa.data import load_raw_datasets\n"
+    code = ("from qa.args import DataArguments; from qa.data.sources import load_raw_datasets\n"
             "from qa.errors import InputError\n"
             "try:\n"
             "    load_raw_datasets(DataArguments(), splits=('train', 'validation'),\n"
@@ -580,7 +580,7 @@ def test_unlabelled_test_split(tmp_path, empty):
 def test_split_source_names_where_each_split_comes_from():
     """What results.md says each split read: the file given for it, else the generated data or
     the Hub dataset, with the kept articles."""
-    from qa.data import split_source
+    from qa.data.sources import split_source
 
     config = {"dataset_name": "rajpurkar/squad", "test_file": "questions.json", "train_articles": "0:36",
               "synthetic_train_examples": 1000}

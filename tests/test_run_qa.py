@@ -88,7 +88,7 @@ def test_the_trained_model_answers_as_do_predict_does_and_has_a_model_card(train
     """bert-squad-answer's API on the main job's model: --do_predict's answers to the questions the
     run evaluated, some of them over several windows; README.md says how to ask it."""
     from answer_qa import Answerer
-    from qa.data import read_squad
+    from qa.data.sources import read_squad
     from qa.data.features import prepare_validation_features
     from tests.test_answer import same_as_predict
 

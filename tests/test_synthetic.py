@@ -1,4 +1,3 @@
-import gzip
 import importlib.util
 import json
 import re
@@ -8,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qa.data import synthetic
-from qa.data.synthetic import make_synthetic_squad, write_synthetic_squad
+from qa.data.synthetic import make_synthetic_squad
 
 
 def _questions(data):
@@ -90,16 +89,6 @@ def test_impossible_questions_are_not_trivially_detectable():
     assert names_in_context / len(impossible) > 0.25
 
 
-def test_write_plain_and_gzip_byte_identical(tmp_path):
-    plain, gz1, gz2 = tmp_path / "a.json", tmp_path / "b.json.gz", tmp_path / "c.json.gz"
-    write_synthetic_squad(plain, 300, seed=4, version_2_with_negative=True)
-    write_synthetic_squad(gz1, 300, seed=4, version_2_with_negative=True)
-    synthetic.main([str(gz2), "--n", "300", "--seed", "4", "--v2"])
-    assert gz1.read_bytes() == gz2.read_bytes()
-    assert gzip.decompress(gz1.read_bytes()) == plain.read_bytes()
-    assert json.loads(plain.read_text()) == make_synthetic_squad(300, 4, True)
-
-
 def test_fast():
     start = time.perf_counter()
     make_synthetic_squad(20000, seed=0, version_2_with_negative=True)
@@ -165,7 +154,7 @@ def test_a_run_writes_the_generated_questions_it_evaluated_and_they_score(v2, tm
     from dataclasses import asdict
 
     from qa.args import DataArguments
-    from qa.data import load_raw_datasets, read_squad
+    from qa.data.sources import load_raw_datasets, read_squad
     from qa.results.records import write_generated_data
     from utils_qa import main as utils_main
 

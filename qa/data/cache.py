@@ -1,11 +1,8 @@
 """Tokenized features, cached on disk and shared across runs and ranks.
 
-The key hashes everything the features depend on: the examples themselves (so a changed file,
-a different subset or article slice is a different key, whatever its source), the tokenizer's
-full definition, the preprocessing function and its parameters, and the code version of the
-feature functions. Per node, local rank 0 tokenizes while the other ranks wait, then all
-memory-map the same Arrow files. A cache entry appears by an atomic rename, so a run killed
-while writing leaves no half-written entry behind.
+The key hashes all the features depend on: the examples themselves, the tokenizer's full definition,
+the function, its parameters and the code of qa/data/features.py. Per node, local rank 0 tokenizes
+while the other ranks wait; an entry appears by an atomic rename, so a killed run leaves no half of one.
 """
 import hashlib
 import inspect
@@ -33,33 +30,23 @@ _DIGESTS = weakref.WeakKeyDictionary()  # a run's training split is hashed for i
 
 
 def table_digest(dataset) -> str:
-    if dataset in _DIGESTS:
-        return _DIGESTS[dataset]
-    h = hashlib.sha256()
-    sink = pa.BufferOutputStream()
-    table = dataset.with_format("arrow")[:]  # the rows it holds, also for a select()ed view
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    h.update(sink.getvalue().to_pybytes())
-    _DIGESTS[dataset] = h.hexdigest()
+    if dataset not in _DIGESTS:
+        sink = pa.BufferOutputStream()
+        table = dataset.with_format("arrow")[:]  # the rows it holds, also for a select()ed view
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        _DIGESTS[dataset] = hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
     return _DIGESTS[dataset]
-
-
-# Per-call state of a fast tokenizer: every call sets it from its own arguments (which the key
-# holds as `params`), and tokenizing leaves it changed; hashing it made the key of a split depend
-# on what the process had tokenized before, so a rerun whose training split was a cache hit
-# missed the cache of its validation split.
-_TOKENIZER_CALL_STATE = ("truncation", "padding")
 
 
 def _tokenizer_digest(tokenizer) -> str:
     definition = json.loads(tokenizer.backend_tokenizer.to_str())
-    for key in _TOKENIZER_CALL_STATE:
+    # Per-call state, set by each call from arguments the key holds as `params`: hashed, it made a
+    # split's key depend on what the process had tokenized before.
+    for key in ("truncation", "padding"):
         definition.pop(key, None)
-    # Settings that live on the Python side, not in the backend's definition, and change the
-    # features: the padding side picks the question/context order, the truncation side which end
-    # of a context the windows start from, the input names whether token_type_ids are made, and
-    # the special tokens what padding and the CLS label are.
+    # Settings outside the backend's definition that change the features (question/context order,
+    # where windows start, whether token_type_ids are made, padding and the CLS label).
     definition["python_side"] = {
         "padding_side": getattr(tokenizer, "padding_side", None),
         "truncation_side": getattr(tokenizer, "truncation_side", None),
@@ -73,13 +60,8 @@ def _tokenizer_digest(tokenizer) -> str:
 
 
 def features_key(examples, tokenizer, fn, params: dict) -> str:
-    parts = {
-        "examples": table_digest(examples),
-        "tokenizer": _tokenizer_digest(tokenizer),
-        "function": fn.__name__,
-        "code": hashlib.sha256(inspect.getsource(features_module).encode()).hexdigest(),
-        "params": params,
-    }
+    parts = {"examples": table_digest(examples), "tokenizer": _tokenizer_digest(tokenizer), "function": fn.__name__,
+             "code": hashlib.sha256(inspect.getsource(features_module).encode()).hexdigest(), "params": params}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -90,8 +72,7 @@ def cached_features(examples, tokenizer, fn, params: dict, *, cache_dir=None, nu
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     entry = cache_dir / f"{fn.__name__}-{features_key(examples, tokenizer, fn, params)}"
-    guard = main_process_first(desc=desc) if main_process_first else nullcontext()
-    with guard:
+    with main_process_first(desc=desc) if main_process_first else nullcontext():
         if entry.exists() and not overwrite:
             logger.info("features cache hit: %s", entry)
             return load_from_disk(str(entry)), True

@@ -1,23 +1,14 @@
-"""Batches without compute on padding: dynamic padding to a small set of lengths.
+"""Batches without compute on padding: each batch padded to the smallest of a few lengths that holds it.
 
-The reference pads every feature to max_seq_length (384): on SQuAD v1.1 more than half of
-those tokens are padding (mean 176 real tokens). Padding each batch only to its longest
-feature saves that compute only if the features of a batch have similar lengths, which
-length-grouped sampling (`train_sampling_strategy="group_by_length"`) provides; on the dev
-set's length distribution, batches of 48 then hold 96% real tokens with lengths rounded up
-to a multiple of 8, 90% with multiples of 32, 83% with multiples of 64, against 48% for
-random batches and 46% for padding to 384.
-
-Rounding the padded length up (to a multiple, or to the next of a few explicit buckets)
-bounds the number of distinct shapes, which matters for `torch.compile` with static graphs
-(one compilation per shape) and for tensor cores (multiples of 8).
+Padding every feature to max_seq_length (384) makes more than half of SQuAD v1.1's tokens padding;
+with length-grouped sampling (`train_sampling_strategy="group_by_length"`) batches of 48 padded to a
+multiple of 8 hold 96% real tokens. A few lengths bound the distinct shapes `torch.compile` sees, and
+multiples of 8 suit tensor cores.
 """
 import numpy as np
 import pyarrow.compute as pc
 
 LENGTH_COLUMN = "length"
-# Token-level columns and their padding value (None: the tokenizer's pad token id).
-PADDED_COLUMNS = {"input_ids": None, "token_type_ids": "type", "attention_mask": 0, "special_tokens_mask": 1}
 
 
 def feature_lengths(features) -> np.ndarray:
@@ -27,33 +18,24 @@ def feature_lengths(features) -> np.ndarray:
 
 
 def add_length_column(features, name: str = LENGTH_COLUMN):
-    """`features` with a column of each feature's token count (feature_lengths), so a
-    length-grouped sampler need not read every row."""
+    """`features` with each feature's token count, so a length-grouped sampler need not read every row."""
     if name in features.column_names:
         return features
     return features.add_column(name, feature_lengths(features))
 
 
 class BucketPaddingCollator:
-    """Pads each batch to the smallest bucket length that holds its longest feature.
-
-    Buckets: the explicit `length_buckets` if given, else the multiples of
-    `pad_to_multiple_of`; never beyond `max_seq_length` (unless a feature is longer). Token
-    columns are padded on the right with the tokenizer's pad ids, whatever its padding side:
-    start/end positions (stacked as they are, like any integer or float scalar column) and the
-    evaluation features' offsets count tokens from the left, so padding on the left would move
-    the tokens away from their labels and their offsets (see qa/data/features.py, which pads on the
-    right for the same reason). The `length` column and any other column that is not a number
-    or a list of numbers is dropped.
+    """Pads each batch to the smallest bucket that holds its longest feature: `length_buckets` if given,
+    else the multiples of `pad_to_multiple_of`, never beyond `max_seq_length` (unless a feature is).
+    Token columns are padded on the right whatever the tokenizer's side (labels and offsets count
+    tokens from the left, as in qa/data/features.py); scalar columns are stacked; the rest is dropped.
     """
 
     def __init__(self, tokenizer, max_seq_length: int, pad_to_multiple_of: int = 8, length_buckets=None):
-        if pad_to_multiple_of is None or pad_to_multiple_of < 1:
-            pad_to_multiple_of = 1
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.type_pad_id = getattr(tokenizer, "pad_token_type_id", 0) or 0
         self.max_seq_length = max_seq_length
-        self.multiple = pad_to_multiple_of
+        self.multiple = max(1, pad_to_multiple_of or 1)
         self.buckets = sorted(set(int(b) for b in length_buckets)) if length_buckets else None
 
     def target_length(self, longest: int) -> int:
@@ -65,17 +47,14 @@ class BucketPaddingCollator:
         return max(longest, min(rounded, self.max_seq_length))
 
     def _pad_value(self, key):
-        kind = PADDED_COLUMNS.get(key, 0)
-        return self.pad_id if kind is None else self.type_pad_id if kind == "type" else kind
+        return {"input_ids": self.pad_id, "token_type_ids": self.type_pad_id, "special_tokens_mask": 1}.get(key, 0)
 
     def __call__(self, features):
         import torch
 
-        first = features[0]
-        longest = max(len(f["input_ids"]) for f in features)
-        length = self.target_length(longest)
+        length = self.target_length(max(len(f["input_ids"]) for f in features))
         batch = {}
-        for key, value in first.items():
+        for key, value in features[0].items():
             if key == LENGTH_COLUMN:
                 continue
             if isinstance(value, (list, tuple, np.ndarray)) and (len(value) == 0 or isinstance(

@@ -1,22 +1,14 @@
-"""The common table every source becomes before it is checked.
-
-Official nested SQuAD, flat records (JSON, JSON Lines) and columns (CSV, parquet, the Hub) all
-become one `Table`: the columns of the Hub's `rajpurkar/squad`, each question's answers as
-`{"text": [...], "answer_start": [...]}` whatever form they came in, and where each row came from
-for the messages. The accepted forms are listed in docs/data.md.
-"""
+"""The one table every source becomes before it is checked: the columns of the Hub's `rajpurkar/squad`,
+each question's answers as {"text": [...], "answer_start": [...]} whatever form they came in (the forms:
+docs/data.md), and where each row came from, for the messages."""
 import json
-import numbers
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 from qa.errors import InputError
-from qa.data.files import LINE_KEY, RawFile
 
-COLUMNS = ("id", "title", "context", "question", "answers")
-EXPECTED_COLUMNS = ("id, title (optional), context, question, and answers "
-                    "(or answer_text + answer_start)")
+EXPECTED_COLUMNS = "id, title (optional), context, question, and answers (or answer_text + answer_start)"
 
 
 def squad_features():
@@ -31,23 +23,21 @@ def squad_features():
 
 @dataclass
 class Table:
-    """Questions as columns (those of `COLUMNS`), with what the source said about itself."""
-    where: str                   # the file, or the Hub dataset and split
+    where: str                     # the file, or the Hub dataset and split
     id: List[str] = field(default_factory=list)
     title: List[str] = field(default_factory=list)
     context: List[str] = field(default_factory=list)
     question: List[str] = field(default_factory=list)
     answers: List[dict] = field(default_factory=list)
-    has_answers: bool = True     # False: a test file without any answers
+    has_answers: bool = True       # False: a test file without any answers
     version: Optional[str] = None  # the official JSON's "version" field
-    declares_v2: bool = False    # version "v2.0" or a question marked is_impossible
+    declares_v2: bool = False      # version "v2.0" or a question marked is_impossible
     locate: Callable[[int], str] = lambda i: f"record {i + 1}"
 
     def name(self, i: int) -> str:
         """`FILE, question 'ID' (record N)`: where row i is, for error messages."""
         qid = self.id[i]
-        return f"{self.where}, question {qid!r} ({self.locate(i)})" if qid else \
-            f"{self.where}, {self.locate(i)}"
+        return f"{self.where}, question {qid!r} ({self.locate(i)})" if qid else f"{self.where}, {self.locate(i)}"
 
     def to_dataset(self):
         import pyarrow as pa
@@ -55,18 +45,8 @@ class Table:
         features = squad_features()
         if not self.has_answers:  # unlabelled: no answers column rather than one of empty lists
             del features["answers"]
-        arrow = pa.Table.from_pydict({c: getattr(self, c) for c in features},
-                                     schema=features.arrow_schema)
+        arrow = pa.Table.from_pydict({c: getattr(self, c) for c in features}, schema=features.arrow_schema)
         return Dataset(arrow, info=DatasetInfo(features=features))
-
-
-def table_from_raw(raw: RawFile, require_answers: bool) -> Table:
-    """A parsed data file as a Table."""
-    if raw.shape == "document":
-        return table_from_document(raw.content, raw.path, require_answers)
-    if raw.shape == "records":
-        return table_from_records(raw.content, raw.path, require_answers, lines=True)
-    return table_from_columns(raw.content, raw.path, require_answers, locate=lambda i: f"row {i + 1}")
 
 
 def table_from_document(obj, path: str, require_answers: bool) -> Table:
@@ -78,53 +58,50 @@ def table_from_document(obj, path: str, require_answers: bool) -> Table:
     else:
         found = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__
         raise InputError(path, f"unknown layout (top level: {found})",
-                         'give the official SQuAD JSON {"version", "data": [{"title", '
-                         '"paragraphs": [...]}]}, a list of records or {"data": [records]} with '
-                         f"columns {EXPECTED_COLUMNS}")
-    if items and isinstance(items[0], dict) and "paragraphs" in items[0]:
-        table = table_from_nested(items, path, require_answers)
-        table.version = _text(obj.get("version")) or None if isinstance(obj, dict) else None
-        table.declares_v2 |= table.version == "v2.0"
-        return table
-    return table_from_records(items, path, require_answers)
+                         'give the official SQuAD JSON {"version", "data": [{"title", "paragraphs": [...]}]}, '
+                         f'a list of records or {{"data": [records]}} with columns {EXPECTED_COLUMNS}')
+    if not (items and isinstance(items[0], dict) and "paragraphs" in items[0]):
+        return table_from_records(items, path, require_answers)
+    table = table_from_nested(items, path, require_answers)
+    table.version = _text(obj.get("version")) or None if isinstance(obj, dict) else None
+    table.declares_v2 |= table.version == "v2.0"
+    return table
 
 
 def table_from_nested(articles: list, path: str, require_answers: bool) -> Table:
     """The official SQuAD layout: articles > paragraphs > qas > answers."""
-    table = Table(where=path, has_answers=False)
-    places = []
+    table, places = Table(where=path, has_answers=False), []
     for a, article in enumerate(articles):
         title = _text(article.get("title")) if isinstance(article, dict) else ""
         place = f"article {a + 1} {title!r}"
-        for paragraph in _field(article, "paragraphs", list, f"{path}, {place}"):
-            context = _text(_field(paragraph, "context", None, f"{path}, {place}"))
-            for qa in _field(paragraph, "qas", list, f"{path}, {place}"):
+        at = f"{path}, {place}"
+        for paragraph in _field(article, "paragraphs", list, at):
+            context = _text(_field(paragraph, "context", None, at))
+            for qa in _field(paragraph, "qas", list, at):
                 if not isinstance(qa, dict):
-                    raise InputError(f"{path}, {place}", "has a question that is not an object",
+                    raise InputError(at, "has a question that is not an object",
                                      "write each question as {\"id\", \"question\", \"answers\"}")
-                qid = _text(_field(qa, "id", None, f"{path}, {place}"))
+                qid = _text(_field(qa, "id", None, at))
                 where = f"{path}, question {qid!r}"
                 table.id.append(qid)
                 table.title.append(title)
                 table.context.append(context)
                 table.question.append(_text(_field(qa, "question", None, where)))
-                table.answers.append(_nested_answers(qa, where, require_answers))
+                answers = {"text": [], "answer_start": []}
+                if "answers" in qa or require_answers:
+                    answers = _answers_from_value(_field(qa, "answers", list, where), where)
+                if qa.get("is_impossible") and answers["text"]:
+                    raise InputError(where, f"is marked is_impossible but has "
+                                     f"{plural(len(answers['text']), 'answer')}",
+                                     "remove its answers or set is_impossible to false")
+                table.answers.append(answers)
                 table.has_answers |= "answers" in qa
                 table.declares_v2 |= qa.get("is_impossible") is True
                 places.append(place)
+    if not table.id:
+        raise InputError(path, "contains no questions", "give a file with SQuAD data")
     table.locate = places.__getitem__
-    return _non_empty(table)
-
-
-def _nested_answers(qa: dict, where: str, require_answers: bool) -> dict:
-    if "answers" not in qa and not require_answers:
-        return {"text": [], "answer_start": []}
-    answers = _answers_from_value(_field(qa, "answers", list, where), where)
-    if qa.get("is_impossible") and answers["text"]:
-        count = plural(len(answers["text"]), "answer")
-        raise InputError(where, f"is marked is_impossible but has {count}",
-                         "remove its answers or set is_impossible to false")
-    return answers
+    return table
 
 
 def _field(obj, key: str, kind, where: str):
@@ -135,32 +112,25 @@ def _field(obj, key: str, kind, where: str):
         raise InputError(where, f"has no {key!r} field (fields found: {', '.join(sorted(obj))})",
                          "follow the official SQuAD layout: article {title, paragraphs}, paragraph "
                          "{context, qas}, question {id, question, answers}")
-    value = obj[key]
-    if kind is not None and not isinstance(value, kind):
-        raise InputError(where, f"field {key!r} is a {type(value).__name__}, not a "
-                         f"{kind.__name__}", "follow the official SQuAD layout")
-    return value
+    if kind is not None and not isinstance(obj[key], kind):
+        raise InputError(where, f"field {key!r} is a {type(obj[key]).__name__}, not a {kind.__name__}",
+                         "follow the official SQuAD layout")
+    return obj[key]
 
 
-def table_from_records(records: list, path: str, require_answers: bool, lines=False) -> Table:
-    """Flat records (a JSON list or JSON Lines) into columns, then into a Table."""
+def table_from_records(records: list, path: str, require_answers: bool, locate=None) -> Table:
+    """Flat records (a JSON list, JSON Lines) into columns, then into a Table."""
+    locate = locate or Table.locate
     for i, record in enumerate(records):
         if not isinstance(record, dict):
-            raise InputError(f"{path}, record {i + 1}", f"is a {type(record).__name__}, not an "
-                             "object", f"write each record as an object with columns "
-                             f"{EXPECTED_COLUMNS}")
-    keys = list(dict.fromkeys(k for record in records for k in record))
+            raise InputError(f"{path}, {locate(i)}", f"is a JSON {type(record).__name__}, not an object",
+                             f"write each record (one question) as an object with columns {EXPECTED_COLUMNS}")
+    keys = dict.fromkeys(k for record in records for k in record)
     columns = {k: [record.get(k) for record in records] for k in keys}
-    if lines:
-        line_numbers = columns.pop(LINE_KEY, [])
-        locate = lambda i: f"line {line_numbers[i]}"  # noqa: E731
-    else:
-        locate = lambda i: f"record {i + 1}"  # noqa: E731
     return table_from_columns(columns, path, require_answers, locate)
 
 
-def table_from_columns(columns: Dict[str, list], path: str, require_answers: bool,
-                       locate: Callable[[int], str]) -> Table:
+def table_from_columns(columns: dict, path: str, require_answers: bool, locate: Callable[[int], str]) -> Table:
     """Flat columns (from any format) into a Table; the answers may take any accepted form."""
     if not columns or not len(next(iter(columns.values()))):
         raise InputError(path, "contains no questions", "give a file with SQuAD data")
@@ -170,8 +140,7 @@ def table_from_columns(columns: Dict[str, list], path: str, require_answers: boo
     if require_answers and not (has_dict or has_pair):
         missing.append("answers")
     if missing:
-        raise InputError(path, f"missing column(s) {', '.join(missing)} (found: "
-                         f"{', '.join(columns) or 'none'})",
+        raise InputError(path, f"missing column(s) {', '.join(missing)} (found: {', '.join(columns)})",
                          f"give the columns {EXPECTED_COLUMNS}")
     n = len(columns["id"])
     table = Table(where=path, locate=locate, has_answers=has_dict or has_pair)
@@ -180,19 +149,12 @@ def table_from_columns(columns: Dict[str, list], path: str, require_answers: boo
     table.context = [_text(v) for v in columns["context"]]
     table.question = [_text(v) for v in columns["question"]]
     if has_dict:
-        table.answers = [_answers_from_value(v, table.name(i)) for i, v in
-                         enumerate(columns["answers"])]
+        table.answers = [_answers_from_value(v, table.name(i)) for i, v in enumerate(columns["answers"])]
     elif has_pair:
         table.answers = [_answers_from_pair(t, s, table.name(i)) for i, (t, s) in
                          enumerate(zip(columns["answer_text"], columns["answer_start"]))]
     else:
         table.answers = [{"text": [], "answer_start": []} for _ in range(n)]
-    return _non_empty(table)
-
-
-def _non_empty(table: Table) -> Table:
-    if not table.id:
-        raise InputError(table.where, "contains no questions", "give a file with SQuAD data")
     return table
 
 
@@ -212,58 +174,42 @@ def _answers_from_value(value, where: str) -> dict:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise InputError(where, f"its answers are not valid JSON ({exc.msg} at column "
-                             f"{exc.colno}): {short(value)}",
-                             'write them as {"text": [...], "answer_start": [...]}') from exc
+            raise InputError(where, f"its answers are not valid JSON ({exc.msg} at column {exc.colno}): "
+                             f"{short(value)}", 'write them as {"text": [...], "answer_start": [...]}') from exc
     if isinstance(value, dict) and "text" in value and "answer_start" in value:
-        texts, starts = _as_list(value["text"]), _as_list(value["answer_start"])
+        texts, starts = (v if isinstance(v, list) else [v] for v in (value["text"], value["answer_start"]))
     elif isinstance(value, list) and all(isinstance(a, dict) and "text" in a and "answer_start" in a
                                          for a in value):
-        texts = [a["text"] for a in value]
-        starts = [a["answer_start"] for a in value]
+        texts, starts = [a["text"] for a in value], [a["answer_start"] for a in value]
     else:
         raise InputError(where, f"its answers have an unknown form: {short(value)}",
                          'write them as {"text": [...], "answer_start": [...]} or as '
                          '[{"text": ..., "answer_start": ...}]')
     if len(texts) != len(starts):
         raise InputError(where, f"has {plural(len(texts), 'answer text')} but "
-                         f"{plural(len(starts), 'answer_start value')}",
-                         "give one answer_start per answer text")
+                         f"{plural(len(starts), 'answer_start value')}", "give one answer_start per answer text")
     return {"text": [_text(t) for t in texts], "answer_start": [_to_int(s, where) for s in starts]}
 
 
 def _answers_from_pair(text, start, where: str) -> dict:
     """Separate `answer_text` / `answer_start` columns: one value each, or lists."""
-    if _is_blank(text) and _is_blank(start):
-        return {"text": [], "answer_start": []}
     if _is_blank(start):
+        if _is_blank(text):
+            return {"text": [], "answer_start": []}
         raise InputError(where, f"has answer_text {short(text)} but no answer_start",
                          "give the answer's character offset in the context as answer_start")
     return _answers_from_value({"text": text, "answer_start": start}, where)
 
 
 def _is_blank(value) -> bool:
-    if isinstance(value, (list, tuple)):
-        return len(value) == 0
-    return _text(value).strip() == ""
-
-
-def _as_list(value) -> list:
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if hasattr(value, "tolist"):  # numpy array
-        return list(value.tolist())
-    return [value]
+    return len(value) == 0 if isinstance(value, list) else _text(value).strip() == ""
 
 
 def _to_int(value, where: str) -> int:
-    if type(value) is int:
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+    if isinstance(value, float) and value.is_integer() or isinstance(value, str) and re.fullmatch(
+            r"\s*[+-]?\d+\s*", value):
         return int(value)
     raise InputError(where, f"answer_start {value!r} is not a whole number",
                      "give the answer's character offset in the context (0 = first character)")
@@ -275,6 +221,4 @@ def plural(n: int, noun: str) -> str:
 
 def short(value, limit: int = 60) -> str:
     text = repr(value)
-    if len(text) <= limit:
-        return text
-    return text[:limit - 4] + "..." + text[-1]  # keep the closing quote or bracket
+    return text if len(text) <= limit else text[:limit - 4] + "..." + text[-1]  # keep the closing quote or bracket

@@ -1,17 +1,7 @@
-"""Deterministic synthetic SQuAD-format data: no download, learnable, but not trivial.
-
-Each paragraph states 3-6 facts (one sentence each) about different fictional people, drawn
-from two or three relation kinds, so several sentences hold an answer of the same type (a
-year, a city, a person...) and a model must match the entity named in the question to the
-right sentence. About 5% of paragraphs are long (9-11 sentences) so that the sliding window
-is exercised at max_seq_length 128. With `version_2_with_negative`, about a third of the
-questions ask about a relation or entity the paragraph does not state, and have no answer.
-
-    python -m qa.data.synthetic train.json.gz --n 2000 --seed 0 [--v2]
-"""
-import argparse
-import gzip
-import json
+"""Deterministic synthetic SQuAD-format data, learnable but not trivial: each paragraph states 3-6 facts
+about fictional people from two or three relation kinds, so several sentences hold an answer of the
+question's type; 5% are long (9-11 sentences) for the sliding window at 128 tokens; in v2 data about a
+third of the questions ask about a relation or entity the paragraph does not state."""
 import random
 import string
 
@@ -57,7 +47,8 @@ KINDS = {
                "N": ["How many windows did the house of {P} have?", "How many windows were in {P}'s house?"],
                "C": ["In which city did {P} live?", "Where did {P} live?"],
                "P": ["Who lived in a {K} house?", "Whose house had {N} windows?"]}),
-    "book": (["{P} wrote {B} in {Y}.", "In {Y}, {P} published a novel called {B}.", "{B}, a novel by {P}, appeared in {Y}."],
+    "book": (["{P} wrote {B} in {Y}.", "In {Y}, {P} published a novel called {B}.",
+              "{B}, a novel by {P}, appeared in {Y}."],
              {"B": ["What novel did {P} write?", "Which book was written by {P}?"],
               "P": ["Who wrote {B}?", "Who is the author of {B}?"],
               "Y": ["When did {P} write {B}?", "In what year was {B} published?"]}),
@@ -71,7 +62,8 @@ KINDS = {
                 "D": ["Where did {P} travel to from {C}?", "To which city did {P} travel?"],
                 "C": ["From which city did {P} travel to {D}?", "Where did the journey of {P} begin?"]}),
     "paint": (["{P} painted the gates of the {O} {K} in {Y}.", "In {Y}, the gates of the {O} were painted {K} by {P}."],
-              {"K": ["What colour did {P} paint the gates of the {O}?", "What colour were the gates of the {O} painted?"],
+              {"K": ["What colour did {P} paint the gates of the {O}?",
+                     "What colour were the gates of the {O} painted?"],
                "Y": ["When did {P} paint the gates of the {O}?", "In which year were the gates of the {O} painted?"],
                "P": ["Who painted the gates of the {O}?", "Who painted the gates of the {O} {K}?"]}),
 }
@@ -141,8 +133,7 @@ def _paragraph(rng, n_questions, v2, next_id):
     qas, seen = [], set()
     while len(qas) < n_questions:
         if v2 and rng.random() < 1 / 3:
-            # A relation not stated: an entity of the paragraph in a relation it has no fact
-            # for, or fresh entities that the paragraph never mentions.
+            # A relation not stated: a person of the paragraph in a relation it has no fact for, or strangers.
             kind = rng.choice(sorted(KINDS))
             others = [f[1]["P"] for f in facts if _GROUP.get(f[0], f[0]) != _GROUP.get(kind, kind)]
             person = rng.choice(others) if others and rng.random() < 0.6 else None
@@ -154,12 +145,9 @@ def _paragraph(rng, n_questions, v2, next_id):
         if question in seen:
             continue
         seen.add(question)
-        qa = {"id": next_id(), "question": question, "answers": []}
-        if starts is not None:
-            qa["answers"] = [{"text": values[slot], "answer_start": starts[slot]}]
-        if v2:
-            qa["is_impossible"] = starts is None
-        qas.append(qa)
+        answers = [] if starts is None else [{"text": values[slot], "answer_start": starts[slot]}]
+        qas.append({"id": next_id(), "question": question, "answers": answers,
+                    **({"is_impossible": starts is None} if v2 else {})})
     return {"context": context, "qas": qas}
 
 
@@ -168,9 +156,8 @@ VERSION_1, VERSION_2 = "synthetic-1.1", "synthetic-2.0"
 
 
 def make_synthetic_squad(n_examples: int, seed: int = 0, version_2_with_negative: bool = False) -> dict:
-    """Official nested SQuAD JSON with exactly `n_examples` questions; same seed, same data. A
-    smaller count gives the first questions of a larger one (each question is drawn after those
-    before it, and none depends on how many follow)."""
+    """Official nested SQuAD JSON with exactly `n_examples` questions; same seed, same data. A smaller
+    count gives the first questions of a larger one (none depends on how many follow)."""
     rng = random.Random(seed)
     counter = iter(range(n_examples))
     next_id = lambda: f"syn-{seed}-{next(counter)}"  # noqa: E731
@@ -187,26 +174,10 @@ def make_synthetic_squad(n_examples: int, seed: int = 0, version_2_with_negative
     return {"version": VERSION_2 if version_2_with_negative else VERSION_1, "data": data}
 
 
-def write_synthetic_squad(path, n_examples: int, seed: int = 0, version_2_with_negative: bool = False) -> None:
-    """Write the data as JSON; gzip (with a fixed header, so byte-identical) when path ends in .gz."""
-    payload = json.dumps(make_synthetic_squad(n_examples, seed, version_2_with_negative)).encode("utf-8")
-    with open(path, "wb") as f:
-        if str(path).endswith(".gz"):
-            with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz:
-                gz.write(payload)
-        else:
-            f.write(payload)
+# Seed offsets of the generated evaluation splits, so they never repeat the training questions.
+SYNTHETIC_SEED_OFFSET = {"train": 0, "validation": 1_000_003, "test": 2_000_006}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Write synthetic SQuAD-format data.")
-    parser.add_argument("path", help="output file (.json, or .json.gz for gzip)")
-    parser.add_argument("--n", type=int, default=2000, help="number of questions")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--v2", action="store_true", help="SQuAD v2.0: about a third unanswerable")
-    args = parser.parse_args(argv)
-    write_synthetic_squad(args.path, args.n, args.seed, args.v2)
-
-
-if __name__ == "__main__":
-    main()
+def synthetic_squad(split: str, questions: int, seed: int, version_2: bool) -> dict:
+    """The generated `split` of a run with --synthetic_seed `seed`, as official SQuAD JSON."""
+    return make_synthetic_squad(questions, seed + SYNTHETIC_SEED_OFFSET[split], version_2)

@@ -1,54 +1,37 @@
-"""Every check of a Table, before any split is returned: one InputError for the first problem
-found, naming the question and saying how many others share it."""
+"""The checks of a Table: one InputError for the first problem found, naming the question and saying
+how many others share it."""
 from collections import Counter
-from typing import List
 
 from qa.errors import InputError
 from qa.data.normalise import Table, plural, short
 
 
 def validate(table: Table, version_2_with_negative: bool, check_answer_spans: bool = True) -> None:
-    """Check a table; raise InputError for the first problem found (and say how many like it)."""
-    _check_not_empty(table, table.id, "id", "give every question a unique id")
-    _check_not_empty(table, table.question, "question", "write the question or delete it")
-    _check_not_empty(table, table.context, "context", "give the paragraph or delete the question")
-    _check_unique_ids(table)
-    if table.has_answers and not version_2_with_negative:
-        _check_answerable(table)
-    _check_answers(table, check_answer_spans)
-
-
-def _check_not_empty(table: Table, values: List[str], column: str, fix: str) -> None:
-    bad = [i for i, value in enumerate(values) if not value.strip()]
-    if bad:
-        also = f" ({len(bad)} of {len(values)} questions)" if len(bad) > 1 else ""
-        raise InputError(table.name(bad[0]), f"has an empty {column}{also}", fix)
-
-
-def _check_unique_ids(table: Table) -> None:
+    for column, fix in (("id", "give every question a unique id"), ("question", "write the question or delete it"),
+                        ("context", "give the paragraph or delete the question")):
+        values = getattr(table, column)
+        bad = [i for i, value in enumerate(values) if not value.strip()]
+        if bad:
+            also = f" ({len(bad)} of {len(values)} questions)" if len(bad) > 1 else ""
+            raise InputError(table.name(bad[0]), f"has an empty {column}{also}", fix)
     counts = Counter(table.id)
     if len(counts) < len(table.id):
         qid, times = counts.most_common(1)[0]
-        dups = sum(1 for c in counts.values() if c > 1)
-        raise InputError(table.where, f"question id {qid!r} occurs {times} times ("
-                         f"{plural(dups, 'id')} repeated in all)",
-                         "give every question a unique id (predictions and the "
-                         "metric are keyed by id)")
-
-
-def _check_answerable(table: Table) -> None:
-    bad = [i for i, a in enumerate(table.answers) if not a["text"]]
-    if bad:
-        raise InputError(table.name(bad[0]), f"has no answer: this is SQuAD v2.0 data ({len(bad)}"
-                         f" of {len(table.id)} questions are unanswerable)",
+        repeated = plural(sum(1 for c in counts.values() if c > 1), "id")
+        raise InputError(table.where, f"question id {qid!r} occurs {times} times ({repeated} repeated in all)",
+                         "give every question a unique id (predictions and the metric are keyed by id)")
+    unanswerable = [i for i, a in enumerate(table.answers) if not a["text"]]
+    if table.has_answers and not version_2_with_negative and unanswerable:
+        raise InputError(table.name(unanswerable[0]), f"has no answer: this is SQuAD v2.0 data ("
+                         f"{len(unanswerable)} of {len(table.id)} questions are unanswerable)",
                          "pass --version_2_with_negative to train and evaluate with unanswerable "
                          "questions, or remove them (the scorer takes a file as SQuAD v2.0 when its "
                          "version is \"v2.0\" or a question is marked \"is_impossible\": true)")
+    _check_answers(table, check_answer_spans)
 
 
-def _check_answers(table: Table, check_spans: bool = True) -> None:
-    """Every answer text must be non-empty and (`check_spans`) sit exactly at its answer_start in
-    the context."""
+def _check_answers(table: Table, check_spans: bool) -> None:
+    """Every answer text is non-empty and (`check_spans`) sits exactly at its answer_start."""
     empty, wrong = [], []
     for i, (context, answers) in enumerate(zip(table.context, table.answers)):
         for text, start in zip(answers["text"], answers["answer_start"]):
@@ -68,11 +51,8 @@ def _check_answers(table: Table, check_spans: bool = True) -> None:
         found = (short(context[start:start + len(text)]) if 0 <= start < len(context) else
                  f"nothing (the context has {len(context)} characters)")
         first = context.find(text)
-        hint = (f"the text occurs at offset {first}" if first >= 0
-                else "the text does not occur in the context at all")
+        hint = f"the text occurs at offset {first}" if first >= 0 else "the text does not occur in the context at all"
         n_answers = sum(len(a["text"]) for a in table.answers)
-        raise InputError(table.name(i), f"answer_start {start} does not point at the answer: "
-                         f"expected {short(text)}, found {found} ({len(wrong)} of "
-                         f"{plural(n_answers, 'answer')} wrong)",
-                         f"correct answer_start or the answer text ({hint}; whitespace and case "
-                         "must match exactly)")
+        raise InputError(table.name(i), f"answer_start {start} does not point at the answer: expected "
+                         f"{short(text)}, found {found} ({len(wrong)} of {plural(n_answers, 'answer')} wrong)",
+                         f"correct answer_start or the answer text ({hint}; whitespace and case must match exactly)")

@@ -12,7 +12,7 @@ import re
 import string
 import sys
 
-from qa.data import read_squad
+from qa.data.sources import read_squad
 from qa.data.synthetic import VERSION_1 as SYNTHETIC_V1
 from qa.errors import InputError, command
 from qa.io import read_json

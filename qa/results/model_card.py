@@ -1,14 +1,10 @@
-"""The model card of a trained output_dir: README.md, where the Hugging Face Hub and its readers look
-for what a model is, how it was made, how well it answers and how to use it.
-
-Written by the main process at the end of a run that trained (records.finish_run), atomically,
-from the run's own records: its configuration (environment.json) and figures (all_results.json).
-"""
+"""The model card of a trained output_dir (README.md, where the Hub looks): what the model is, how it was
+made, how well it answers and how to use it, from the run's configuration and figures."""
 import os
 import re
 from pathlib import Path
 
-from qa.data import split_source
+from qa.data.sources import split_source
 from qa.io import atomic_write_text
 
 CARD = "README.md"
@@ -17,18 +13,13 @@ BUNDLED_HUB_IDS = {"bundled:minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 
-def hub_id(name: str):
-    """The Hub id a base model was loaded from, or None (a local folder, a random build)."""
-    if name in BUNDLED_HUB_IDS:
-        return BUNDLED_HUB_IDS[name]
-    return name if _HUB_ID.fullmatch(name) and not os.path.exists(name) else None
-
-
 def _front_matter(cfg: dict) -> list:
     """The YAML header the Hub reads (task, library, base model, dataset)."""
     lines = ["---", "library_name: transformers", "pipeline_tag: question-answering",
              "tags: [question-answering, extractive-qa, squad]"]
-    base = hub_id(cfg.get("model_name_or_path") or "")
+    name = cfg.get("model_name_or_path") or ""
+    # The Hub id the base model was loaded from; none for a local folder or a random build.
+    base = BUNDLED_HUB_IDS.get(name) or (name if _HUB_ID.fullmatch(name) and not os.path.exists(name) else None)
     if base:
         lines.append(f"base_model: {base}")
     data = cfg.get("dataset_name")
@@ -55,8 +46,8 @@ def _number(results: dict, key: str, unit: str = "", digits: int = 2):
 
 
 def _training_time(results: dict):
-    runtime, alone = _number(results, "train_runtime", " s", 1), _number(results, "train_seconds_excluding_evaluation",
-                                                                         " s", 1)
+    runtime = _number(results, "train_runtime", " s", 1)
+    alone = _number(results, "train_seconds_excluding_evaluation", " s", 1)
     if runtime and alone:  # the Trainer's clock ran on through the evaluations during training
         return f"{runtime}, of which {alone} training and the rest {results.get('eval_during_training_count')} " \
                "evaluations during training"
@@ -64,8 +55,7 @@ def _training_time(results: dict):
 
 
 def model_card(output_dir, results: dict, env: dict, device: str) -> str:
-    """The card's Markdown: what was trained from what, on what, how, how well, how long, on
-    which device, and the command and Python lines that answer questions with it."""
+    """The card's Markdown: the model, its data, recipe, scores and run, and how to ask it questions."""
     cfg, folder = env["config"], os.fspath(output_dir)
     world = int(env["distributed"].get("WORLD_SIZE", "1"))
     version = "SQuAD v2.0 (may answer that there is no answer)" if cfg.get("version_2_with_negative") else "SQuAD v1.1"

@@ -1,7 +1,4 @@
-"""What a run leaves behind: metrics files, the environment record and a short report.
-
-All files are written atomically by the main process only.
-"""
+"""What a run leaves behind, written atomically by the main process: metrics, the environment, a short report."""
 import os
 import platform
 import socket
@@ -10,8 +7,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from qa.data import split_source
-from qa.data.sources import synthetic_squad
+from qa.data.sources import split_source
+from qa.data.synthetic import synthetic_squad
 from qa.io import atomic_write_json, atomic_write_text, read_json
 from qa.results.model_card import write_model_card
 
@@ -19,18 +16,16 @@ REPO_DIR = Path(__file__).resolve().parents[1]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
               "SLURM_GPUS_ON_NODE", "SLURM_RESTART_COUNT", "SLURM_JOB_PARTITION", "SLURM_ARRAY_TASK_ID")
 DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# Generated questions a run evaluated or predicted on are written beside its predictions (they
-# exist nowhere else): split -> (the step that reads it, its question limit, the file).
+# Generated questions a run evaluated or predicted on exist nowhere else: split -> (step, question limit, file).
 GENERATED_DATA = {"validation": ("do_eval", "max_eval_samples", "eval_data.json"),
                   "test": ("do_predict", "max_predict_samples", "predict_data.json")}
 
 
 def _git_commit():
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO_DIR), *args], capture_output=True, text=True, timeout=10).stdout
     try:
-        commit = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_DIR), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit, dirty = git("rev-parse", "HEAD").strip(), git("status", "--porcelain", "--untracked-files=no").strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return (commit + ("-dirty" if dirty else "")) or None
@@ -49,15 +44,12 @@ def _versions():
 def _devices():
     import torch
 
-    info = {"cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
+    gpus = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    return {"cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-            "gpu_count": torch.cuda.device_count(), "gpus": []}
-    for i in range(info["gpu_count"]):
-        p = torch.cuda.get_device_properties(i)
-        info["gpus"].append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)})
-    info["cpu_count"] = os.cpu_count()
-    info["processor"] = platform.processor() or platform.machine()
-    return info
+            "gpu_count": len(gpus), "gpus": [{"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)}
+                                             for p in gpus],
+            "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()}
 
 
 def environment_record(config: dict) -> dict:
@@ -76,14 +68,10 @@ def environment_record(config: dict) -> dict:
     }
 
 
-def _json_safe(metrics: dict) -> dict:
-    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
-
-
 def save_split_metrics(output_dir, split: str, metrics: dict) -> None:
     """`{split}_results.json`, merged into `all_results.json` (what the HF examples write)."""
     output_dir = Path(output_dir)
-    metrics = _json_safe(metrics)
+    metrics = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
     atomic_write_json(output_dir / f"{split}_results.json", metrics)
     path = output_dir / "all_results.json"
     merged = read_json(path) if path.exists() else {}
@@ -98,8 +86,7 @@ def device_name(env: dict) -> str:
 
 
 def results_markdown(results: dict, env: dict) -> str:
-    """The run in a short table: the figures of the steps it ran (training, evaluation,
-    prediction), each with the data it read; a figure the run did not produce has no row."""
+    """The run in a short table: the figures of the steps it ran, each with the data it read (none: no row)."""
     def fmt(key, unit="", digits=2):
         v = results.get(key)
         if v is None:
@@ -116,9 +103,11 @@ def results_markdown(results: dict, env: dict) -> str:
     if cfg.get("do_train"):
         # The Trainer's clock runs through evaluations during training; say so where there were some.
         evals = results.get("eval_during_training_count")
+        questions, features = results.get("train_examples"), results.get("train_features")
         rows += [
             ("training data", split_source(cfg, "train")),
-            ("training questions (features)", _count_pair(results, "train_examples", "train_features")),
+            ("training questions (features)", None if questions is None or features is None else
+             f"{questions:,} ({features:,})"),
             ("training time (evaluations included)" if evals else "training time", fmt("train_runtime", " s", 1)),
             ("training samples/s (features, evaluations included)" if evals else "training samples/s (features)",
              fmt("train_samples_per_second")),
@@ -129,17 +118,11 @@ def results_markdown(results: dict, env: dict) -> str:
             ("MFU (model FLOPs / device peak)", fmt("train_mfu", "", 3)),
             ("peak GPU memory (allocated)", fmt("train_peak_memory_gib", " GiB", 2)),
             ("peak host memory (process RSS)", fmt("train_peak_rss_gib", " GiB", 2)),
-            ("epochs", fmt("epoch")),
-            ("final training loss", fmt("train_loss", "", 4)),
-        ]
+            ("epochs", fmt("epoch")), ("final training loss", fmt("train_loss", "", 4))]
     if cfg.get("do_eval"):
-        rows += [
-            ("evaluation data", _data_source(cfg, "validation")),
-            ("evaluation questions", fmt("eval_examples", "", 0)),
-            ("eval exact match", fmt("eval_exact_match")),
-            ("eval F1", fmt("eval_f1")),
-            ("eval loss", fmt("eval_loss", "", 4)),
-        ]
+        rows += [("evaluation data", _data_source(cfg, "validation")),
+                 ("evaluation questions", fmt("eval_examples", "", 0)), ("eval exact match", fmt("eval_exact_match")),
+                 ("eval F1", fmt("eval_f1")), ("eval loss", fmt("eval_loss", "", 4))]
     if results.get("eval_during_training_count"):
         rows += time_to_accuracy_rows(results, cfg, fmt)
     if cfg.get("do_predict"):
@@ -148,9 +131,7 @@ def results_markdown(results: dict, env: dict) -> str:
             ("prediction data", _data_source(cfg, "test")),
             ("predictions", None if answered is None else
              f"{answered:,} of {results.get('predict_examples', answered):,} questions, in predict_predictions.json"),
-            ("prediction exact match", fmt("predict_exact_match")),
-            ("prediction F1", fmt("predict_f1")),
-        ]
+            ("prediction exact match", fmt("predict_exact_match")), ("prediction F1", fmt("predict_f1"))]
     if "comm_world_size" in results:
         rows += communication_rows(results, lambda *a: fmt(*a) or "n/a")
     lines = ["# Run summary", "", f"Finished {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
@@ -162,22 +143,17 @@ def results_markdown(results: dict, env: dict) -> str:
 
 
 def generated_data_files(cfg: dict) -> dict:
-    """split -> (file name, questions) of the generated splits a run with this configuration
-    evaluated or predicted on (--dataset_name synthetic, no file or article slice given for the
-    split)."""
+    """split -> (file name, questions) of the generated splits the run evaluated or predicted on."""
     if cfg.get("dataset_name") != "synthetic":
         return {}
-    out = {}
-    for split, (step, limit, name) in GENERATED_DATA.items():
-        if cfg.get(step) and not cfg.get(f"{split}_file") and not cfg.get(f"{split}_articles"):
-            questions = cfg["synthetic_eval_examples"]
-            out[split] = (name, questions if cfg.get(limit) is None else min(questions, cfg[limit]))
-    return out
+    questions = cfg["synthetic_eval_examples"]
+    return {split: (name, questions if cfg.get(limit) is None else min(questions, cfg[limit]))
+            for split, (step, limit, name) in GENERATED_DATA.items()
+            if cfg.get(step) and not cfg.get(f"{split}_file") and not cfg.get(f"{split}_articles")}
 
 
 def write_generated_data(output_dir, cfg: dict) -> None:
-    """The generated questions the run evaluated or predicted on, as official SQuAD JSON: what
-    `utils_qa.py score` needs to score its predictions."""
+    """The generated questions the run evaluated or predicted on, as SQuAD JSON for `utils_qa.py score`."""
     for split, (name, questions) in generated_data_files(cfg).items():
         squad = synthetic_squad(split, questions, cfg["synthetic_seed"], cfg["version_2_with_negative"])
         atomic_write_json(Path(output_dir) / name, squad, indent=None)
@@ -189,7 +165,7 @@ def _data_source(cfg: dict, split: str) -> str:
 
 
 def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
-    """The evaluations during training (qa.evaluation.time_to_accuracy) and the time to the target F1."""
+    """The evaluations during training and the time to the target F1."""
     subset = cfg.get("eval_every_questions")
     rows = [("evaluations during training", f"{results['eval_during_training_count']}, every "
              f"{results.get('eval_during_training_interval_steps')} steps, on "
@@ -205,35 +181,30 @@ def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
     return rows
 
 
-def _count_pair(results, first, second):
-    a, b = results.get(first), results.get(second)
-    return None if a is None or b is None else f"{a:,} ({b:,})"
-
-
 def communication_rows(results: dict, fmt) -> list:
-    """What qa.communication measured (distributed runs) and the switches in effect."""
+    """What qa.communication measured and the switches in effect."""
     mb = results.get("comm_allreduce_bytes")
     rows = [("gradient communication", f"{results.get('comm_world_size')} ranks on {fmt('comm_nodes', '', 0)} "
              f"node(s), {results.get('comm_backend')}, {results.get('comm_wrapper')}; hook "
              f"{results.get('comm_ddp_comm_hook')}, buckets {fmt('comm_ddp_bucket_cap_mb', ' MiB', 0)}")]
     if mb is not None:
         rows.append(("all-reduce of the gradients, whole group",
-                     f"{mb / 1e6:,.1f} MB ({results.get('comm_allreduce_dtype')}) in {fmt('comm_allreduce_s', ' s', 4)}: "
-                     f"algbw {fmt('comm_allreduce_algbw_GBps', ' GB/s', 2)}, "
+                     f"{mb / 1e6:,.1f} MB ({results.get('comm_allreduce_dtype')}) in "
+                     f"{fmt('comm_allreduce_s', ' s', 4)}: algbw {fmt('comm_allreduce_algbw_GBps', ' GB/s', 2)}, "
                      f"busbw {fmt('comm_allreduce_busbw_GBps', ' GB/s', 2)}"))
     if results.get("comm_intranode_s") is not None:
-        rows.append(("all-reduce within one node", f"{fmt('comm_intranode_s', ' s', 4)} over "
-                     f"{results.get('comm_intranode_ranks')} ranks: busbw {fmt('comm_intranode_busbw_GBps', ' GB/s', 2)}"))
+        ranks = results.get("comm_intranode_ranks")
+        rows.append(("all-reduce within one node", f"{fmt('comm_intranode_s', ' s', 4)} over {ranks} ranks: "
+                     f"busbw {fmt('comm_intranode_busbw_GBps', ' GB/s', 2)}"))
     if results.get("comm_step_sync_s") is not None:
         rows.append(("exposed communication per step", f"{fmt('comm_exposed_s', ' s', 4)} "
-                     f"({fmt('comm_exposed_share', '', 3)} of a {fmt('comm_step_sync_s', ' s', 4)} forward + backward; "
-                     f"{fmt('comm_step_nosync_s', ' s', 4)} without synchronisation)"))
+                     f"({fmt('comm_exposed_share', '', 3)} of a {fmt('comm_step_sync_s', ' s', 4)} forward + "
+                     f"backward; {fmt('comm_step_nosync_s', ' s', 4)} without synchronisation)"))
     return rows
 
 
 def finish_run(output_dir, wall_clock_seconds: float, env: dict, extra=None) -> dict:
-    """all_results.json completed with the wall clock and `extra` (what only the end of a run knows),
-    and results.md from it."""
+    """all_results.json completed with the wall clock and `extra` (known only at the end), and results.md."""
     output_dir = Path(output_dir)
     path = output_dir / "all_results.json"
     results = read_json(path) if path.exists() else {}
