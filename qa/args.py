@@ -123,8 +123,8 @@ class RunArguments:
     telemetry_window_min_s: Optional[float] = field(
         default=None,
         metadata={"help": "With --telemetry_window: keep the window open past STOP until it has lasted at least this "
-                  "many seconds (read at step ends), then stop training: a window long enough to read reliably "
-                  "whatever the device's speed (set --max_steps high enough for it); bench/run_bench.py uses it."})
+                  "many seconds (read at step ends; or until training ends): a window long enough to read reliably "
+                  "whatever the device's speed. It does not stop training (bench/timed_run.py's window does)."})
     eval_every: Optional[float] = field(
         default=None,
         metadata={"help": "Evaluate during training every this much (below 1: a fraction of an epoch, e.g. 0.25; "

@@ -1,13 +1,8 @@
-"""Time to accuracy: evaluations during training on a clock that excludes them, and how long the
-run took to reach a target F1 (throughput alone flatters a larger batch, which can be faster per
-sample and still need longer to answer as well).
-
-`--eval_every` evaluates during training (on the validation questions, or the first
-`--eval_every_questions` of them with all their windows); each evaluation records the training
-seconds so far, the step, the features seen, F1 and EM. The clock runs from the start of training
-(compilation and warm-up are part of the cost) and stops while an evaluation runs. Evaluating
-changes nothing in training (QuestionAnsweringTrainer keeps every random generator as it was).
-"""
+"""Time to accuracy (throughput alone flatters a larger batch): `--eval_every` evaluates during
+training, each evaluation recording the training seconds so far, step, features seen, F1 and EM,
+on a clock that runs from the start of training (compilation and warm-up are part of the cost)
+and stops while evaluating; `--target_f1` gives the seconds to reach it. Evaluating changes
+nothing in training (QuestionAnsweringTrainer keeps every random generator as it was)."""
 import logging
 import math
 import time
@@ -21,16 +16,14 @@ TAG = "eval_by_train_seconds"  # TensorBoard: F1 and EM with the training second
 
 
 def eval_interval(every: float, steps_per_epoch: int) -> int:
-    """Optimizer steps between evaluations: `every` below 1 is a fraction of an epoch, from 1 on
-    a number of steps."""
+    """Optimizer steps between evaluations: `every` below 1 is a fraction of an epoch, else steps."""
     if every < 1:
         return max(1, round(every * steps_per_epoch))
     return int(every)
 
 
 def first_questions(examples, features, n: Optional[int]):
-    """(examples, features) of the first `n` questions with every window of each (all when `n` is
-    None): the set evaluated during training with --eval_every_questions."""
+    """(examples, features) of the first `n` questions (all if None), every window of each."""
     if n is None or n >= len(examples):
         return examples, features
     examples = examples.select(range(n))

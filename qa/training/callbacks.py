@@ -1,5 +1,5 @@
 """The callbacks a run adds to the Trainer, built from its settings (qa.args.RunArguments) and
-installed in one place. Each keeps its own clock, so their order does not matter."""
+installed in one place. Each keeps its own clock; the one order that matters is said where it is."""
 import logging
 import os
 
@@ -41,9 +41,9 @@ def run_callbacks(run_args, training_args) -> dict:
 
 
 def install(trainer, callbacks, run_args) -> None:
-    """Adds `callbacks` after the Trainer's own through its public API, bound to it first where they
-    act on its model; puts the console's log printer (qa.console) in place of the Trainer's unless
-    --log_lines false; sets FSDP's reduction dtype before train() wraps the model."""
+    """Adds `callbacks` after the Trainer's own (public API), bound first where they act on its model;
+    the console's log printer replaces the Trainer's unless --log_lines false; FSDP's reduction
+    dtype is set before train() wraps the model."""
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
     if run_args.fsdp_reduce_dtype != "auto" and plugin is None:
         logger.warning("--fsdp_reduce_dtype %s: the run does not shard with FSDP", run_args.fsdp_reduce_dtype)

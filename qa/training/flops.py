@@ -3,10 +3,6 @@ model's shape, the devices' dense peaks by matmul precision, and MFU (model FLOP
 import re
 
 
-# ---------------------------------------------------------------------------------------------
-# The model's shape
-
-
 def model_shape(model) -> dict:
     """Parameters outside embedding tables (lookups, no FLOPs), layers and hidden size."""
     import torch
@@ -30,27 +26,16 @@ def gradient_size(model) -> dict:
             "grad_bytes": sum(p.numel() * p.element_size() for p in params)}
 
 
-# ---------------------------------------------------------------------------------------------
-# Model FLOPs
-
-
 def model_flops(non_embedding_params, layers, hidden, real_tokens, sum_sq_lengths):
-    """Model FLOPs of training (forward + backward) on a set of sequences, real tokens only, by
-    PaLM's formula (Chowdhery et al. 2022, appendix B; no activation recomputation): a token of a
-    sequence of s real tokens costs 6N + 12·L·H·s, N the parameters outside the embedding tables
-    (2 FLOPs per parameter forward, 4 backward), L layers, H hidden (the attention scores QK^T
-    and AV). Summed over the sequences: 6N·sum(s) + 12·L·H·sum(s^2). Padding counts for nothing,
-    so it lowers MFU, as it should."""
+    """Model FLOPs of training on a set of sequences, real tokens only (padding lowers MFU, as it
+    should), by PaLM's formula (Chowdhery et al. 2022, app. B): a token of a sequence of s real
+    tokens costs 6N + 12·L·H·s (N parameters outside the embeddings, L layers, H hidden: QK^T and
+    AV), so the set costs 6N·sum(s) + 12·L·H·sum(s^2)."""
     return 6 * non_embedding_params * real_tokens + 12 * layers * hidden * sum_sq_lengths
 
 
-# ---------------------------------------------------------------------------------------------
-# Device peaks
-
-# Dense (no sparsity) peak TFLOP/s per GPU from NVIDIA's data sheets, by the precision the
-# matrix multiplications run in. First matching pattern (on the lower-cased name that
-# torch.cuda.get_device_name() returns) wins, so specific variants come first. A device or a
-# precision missing here gives MFU null unless --peak_tflops is given.
+# Dense peak TFLOP/s per GPU from NVIDIA's data sheets, by matmul precision. The first pattern matching
+# the lower-cased torch.cuda.get_device_name() wins, so specific variants come first.
 PEAK_TFLOPS = (
     (r"gh200", "GH200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
     (r"h200 nvl", "H200 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
@@ -89,10 +74,8 @@ def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
 
 
 def peak_flops(device_name, precision, override_tflops=None):
-    """-> (peak FLOP/s or None, where the figure comes from). `override_tflops` (--peak_tflops)
-    wins; a CPU (device_name None) has no entry: MFU is then null unless overridden. So is a MIG
-    slice ('NVIDIA H100 80GB HBM3 MIG 1g.10gb'): it has a fraction of the card's units, and
-    the card's peak would understate its MFU by that fraction."""
+    """-> (peak FLOP/s or None, where the figure comes from); `override_tflops` (--peak_tflops) wins.
+    None for a CPU (device_name None) and for a MIG slice, whose share of the card's peak is unknown."""
     if override_tflops:
         return override_tflops * 1e12, f"--peak_tflops {override_tflops:g}"
     if not device_name:

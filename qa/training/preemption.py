@@ -1,9 +1,6 @@
-"""Preemption and time limits: checkpoint on SIGTERM, with every rank stopping at the same step.
-
-SLURM sends SIGTERM at a job's time limit and on preemption (job_ft3.sh/job_ddp.sh forward it
-when `--signal=B:USR1@T` warns them; torchrun passes it to its workers). run_qa.py then exits
-with EXIT_INTERRUPTED, and a rerun (`--resume auto`) continues from the checkpoint.
-"""
+"""Checkpoint on SIGTERM (SLURM's time limit or preemption; job_ft3.sh/job_ddp.sh forward it),
+every rank stopping at the same step; run_qa.py then exits with EXIT_INTERRUPTED, and a rerun
+(`--resume auto`) continues from the checkpoint."""
 import logging
 import os
 import signal
@@ -24,15 +21,12 @@ EXIT_INTERRUPTED = 128 + signal.SIGTERM
 class CheckpointOnSignalCallback(TrainerCallback):
     """On SIGTERM: finish the optimizer step under way, save a checkpoint, stop training.
 
-    The ranks get the signal at slightly different moments, and a rank that stopped alone would
-    leave the others waiting in a collective; so they agree whether any got it, and all save the
-    same step and stop together. Every `check_steps` steps each rank starts an all-reduce (MAX)
-    of its flag without waiting, the result copied to the host behind it, and reads it at the end
-    of the next step, long since arrived: reading it at once would stall the device's stream at
-    every step. The run stops at most check_steps + 1 steps after the signal; one process checks
-    its flag at every step. Unlike transformers' `enable_jit_checkpoint` (each rank checkpoints
-    alone, at whichever step it is in, and train() returns as if finished), this is safe under
-    DDP/FSDP and says that training did not finish. The handler is in place during training only.
+    A rank that stopped alone would leave the others waiting in a collective, so the ranks agree:
+    every `check_steps` steps each starts an all-reduce (MAX) of its flag without waiting, and
+    reads it at the end of the next step, long since arrived (reading at once would stall the
+    device's stream). All stop at most check_steps + 1 steps after the signal; one process checks
+    at every step. Unlike transformers' `enable_jit_checkpoint` (each rank alone, at any step, and
+    train() returns as if finished), this is safe under DDP/FSDP and says training did not finish.
     """
 
     signals = (signal.SIGTERM,)

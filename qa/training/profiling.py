@@ -1,8 +1,6 @@
-"""Profiling a few training steps with torch.profiler, as a Trainer callback: a bounded schedule
-(`--profile_wait/_warmup/_active/_repeat`) on the world's process zero only. Each recorded cycle
-writes operators.txt (sorted by device time on a GPU), trace.json, memory.txt and profile.json
-under `output_dir/profile/`. It changes nothing computed; the recorded steps are slower, which a
-profiled run's throughput shows."""
+"""Profiling a few training steps with torch.profiler on process zero (`--profile_wait/_warmup/
+_active/_repeat`): each recorded cycle writes operators.txt, trace.json, memory.txt and profile.json
+under `output_dir/profile/`. It changes nothing computed; the recorded steps are slower."""
 import logging
 from pathlib import Path
 
@@ -69,7 +67,6 @@ class ProfilerCallback(TrainerCallback):
             prof.stop()
 
     def summary(self) -> dict:
-        """Merged into train_results.json by run_qa.py."""
         if not self.cycles:
             return {}
         return {"train_profiled_steps": [s for c in self.cycles for s in c["global_steps"]],

@@ -17,10 +17,6 @@ GIB = 2 ** 30
 PERF_PREFIX = "perf/"  # the TensorBoard callback files these under train/perf/*
 
 
-# ---------------------------------------------------------------------------------------------
-# The training features, before any batch is made
-
-
 def token_stats(features) -> dict:
     """Real (non-padding) tokens per feature, from the attention masks, without a Python loop."""
     column = features.with_format("arrow")["attention_mask"].combine_chunks()
@@ -34,18 +30,13 @@ def token_stats(features) -> dict:
 
 
 def train_throughput(metrics: dict, stats: dict, num_examples: int) -> dict:
-    """What the Trainer leaves out: its samples/s counts features (windows), not questions, and
-    says nothing of padding. This is the padding stored in the features (0 with dynamic padding);
-    that of the batches the model computed on is the telemetry's `train_batches_padding_fraction`."""
+    """What the Trainer leaves out: it counts features (windows), not questions, and not padding
+    (here the features'; the batches' is the telemetry's `train_batches_padding_fraction`)."""
     per_s = metrics.get("train_samples_per_second", 0.0)
     return {"train_examples": num_examples, "train_features": stats["features"],
             "train_mean_real_tokens": round(stats["mean_real_tokens"], 2),
             "train_features_padding_fraction": round(stats["padding_fraction"], 4),
             "train_real_tokens_per_second": round(per_s * stats["mean_real_tokens"], 1)}
-
-
-# ---------------------------------------------------------------------------------------------
-# The figures of a stretch of training
 
 
 def rate(count, seconds):
@@ -118,10 +109,6 @@ def describe_training(args, model, optimizer=None, train_dataloader=None) -> dic
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# Compilations
-
-
 _RECOMPILES = {"count": 0}
 
 
@@ -135,10 +122,8 @@ def _count_recompile(start):
 
 
 def compile_stats():
-    """What torch.compile has done so far in this process (torch._dynamo's counters): frames
-    converted (`compiles`) and succeeded, graphs built, `recompiles` (counted from the first call
-    on, by a hook on every compilation start, registered again after torch._dynamo.reset()), graph
-    breaks. Reading it costs no device synchronisation."""
+    """What torch.compile has done so far in this process (torch._dynamo's counters), with
+    `recompiles` counted from the first call on by a hook (registered again after a reset)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -154,10 +139,6 @@ def compile_stats():
 def compile_delta(before, after) -> dict:
     """The compile counts between two compile_stats() readings."""
     return {k: after[k] - before[k] for k in after}
-
-
-# ---------------------------------------------------------------------------------------------
-# The callback that measures
 
 
 class _Counts:
@@ -215,10 +196,8 @@ class TelemetryCallback(TrainerCallback):
         if self._hook is not None:
             self._hook.remove()
         self._hook = model.register_forward_pre_hook(self._count_batch, with_kwargs=True)
-        logger.info("telemetry: %s matmuls, peak %s (%s); model FLOPs = 6 x %d params x tokens + "
-                    "12 x %d layers x %d hidden x sum(len^2)", self.precision,
-                    "n/a" if self.peak is None else f"{self.peak / 1e12:g} TFLOP/s", self.peak_source,
-                    self.shape["non_embedding_params"], self.shape["layers"], self.shape["hidden"])
+        logger.info("telemetry: %s matmuls, peak %s (%s)", self.precision,
+                    "n/a" if self.peak is None else f"{self.peak / 1e12:g} TFLOP/s", self.peak_source)
 
     def _count_batch(self, module, args, kwargs):
         if not (self._training and module.training) or self._step_start is None:
