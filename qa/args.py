@@ -168,8 +168,8 @@ class RunArguments:
     ddp_comm_hook: str = field(
         default="none",
         metadata={"help": "DDP gradient compression: 'bf16' (NCCL only) or 'fp16' (PyTorch's compress hooks: the "
-                  "gradients travel in 16 bits, half the bytes), 'none'. With --ddp_bucket_cap_mb (DDP's bucket size, MB) "
-                  "the switches that shrink the communication of a multi-node run.",
+                  "gradients travel in 16 bits, half the bytes), 'none'. With --ddp_bucket_cap_mb (DDP's bucket size, "
+                  "MB) the switches that shrink the communication of a multi-node run.",
                   "choices": ["none", "bf16", "fp16"]})
     fsdp_reduce_dtype: str = field(
         default="auto",
