@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from transformers import default_data_collator, set_seed  # noqa: E402
 
 from qa.data.cache import cached_features, default_cache_dir  # noqa: E402
-from qa.training.callbacks import RunCallbacks  # noqa: E402
+from qa.training.callbacks import install, run_callbacks, summary  # noqa: E402
 from qa.training.checkpoints import check_no_finished_run, checkpoint_step, find_checkpoint, run_record  # noqa: E402
 from qa.data.collate import BucketPaddingCollator, add_length_column  # noqa: E402
 from qa.config import finalize, out_of_memory, parse_args  # noqa: E402
@@ -65,7 +65,8 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
     return features
 
 
-def run(argv):
+def run(argv, callbacks=()):
+    """`callbacks`: more for the Trainer, e.g. a benchmark's (bench/timed_run.py)."""
     check_trainer_contracts()
     model_args, data_args, run_args, training_args, explicit = parse_args(argv)  # every setting checked
     # Reading should_log sets up the devices and, in a distributed run, the process group that
@@ -110,13 +111,13 @@ def run(argv):
         else:
             on_main_rank(lambda: check_no_finished_run(training_args.output_dir))
         return _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args,
-                                   checkpoint, cache_root, record)
+                                   checkpoint, cache_root, record, callbacks)
     finally:
         lock.release()
 
 
 def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args, checkpoint,
-                        cache_root, record):
+                        cache_root, record, extra_callbacks):
     features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples}
 
     train_stats = token_stats(features["train"]) if "train" in features else None
@@ -126,13 +127,19 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
                                          data_args.length_buckets)
         if "train" in features and training_args.train_sampling_strategy == "group_by_length":
             features["train"] = add_length_column(features["train"])  # lengths for the sampler, read at once
-    callbacks = RunCallbacks(run_args, training_args)
+    callbacks = run_callbacks(run_args, training_args)
+    extra = list(extra_callbacks)
+    if run_args.measure_communication:  # the scaling study's instrument: opt-in, and kept with the study
+        from scaling.comm_measure import CommunicationMeasurement
+
+        extra.append(CommunicationMeasurement())
+    telemetry = callbacks.get("telemetry")
     trainer = QuestionAnsweringTrainer(
         model=model, args=training_args, train_dataset=features.get("train"),
         eval_dataset=features.get("validation"), eval_examples=examples.get("validation"),
         processing_class=tokenizer, data_collator=collator, post_processing=PostProcessing.from_args(data_args),
-        log_extras=callbacks.log_values, checkpoint_record=record)
-    callbacks.install(trainer)
+        log_extras=telemetry.log_values if telemetry else None, checkpoint_record=record)
+    install(trainer, [*callbacks.values(), *extra], run_args)
 
     config = {**asdict(model_args), **asdict(data_args), **asdict(run_args), **training_args.to_dict()}
     env = environment_record(config)
@@ -147,7 +154,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
                 result = trainer.train(resume_from_checkpoint=checkpoint)
             except torch.OutOfMemoryError as err:  # one line and its status; the checkpoints stay as they are
                 raise out_of_memory(training_args, err) from None
-        stopped_at = callbacks.stopped_at()
+        stopped_at = callbacks["preemption"].stopped_at if "preemption" in callbacks else None
         if stopped_at is not None:
             # Stopped on SIGTERM with checkpoint-N saved: unfinished, so no results are written;
             # every rank leaves together, after the main one has marked the checkpoint complete.
@@ -161,15 +168,12 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             trainer.save_model()
             metrics = dict(result.metrics)
             metrics.update(train_throughput(metrics, train_stats, len(examples["train"])))
-            metrics.update(callbacks.summary())
+            metrics.update(summary([*callbacks.values(), *extra]))
             if main:
                 save_split_metrics(out, "train", metrics)
                 trainer.save_state()
-                if callbacks.time_to_accuracy is not None:
-                    atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks.time_to_accuracy.record())
-                if callbacks.communication.record:  # measured at the start of training
-                    env["communication"] = callbacks.communication.record
-                    write_environment(out, env)
+                if "time_to_accuracy" in callbacks:
+                    atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks["time_to_accuracy"].record())
     if training_args.do_eval:
         metrics = trainer.evaluate()
         if main:
@@ -204,8 +208,8 @@ def evaluated_during_training(trainer, run_args):
 
 
 @command
-def main(argv=None):
-    return run(sys.argv[1:] if argv is None else argv)
+def main(argv=None, callbacks=()):
+    return run(sys.argv[1:] if argv is None else argv, callbacks)
 
 
 if __name__ == "__main__":

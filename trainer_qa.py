@@ -109,7 +109,7 @@ class QuestionAnsweringTrainer(Trainer):
         """`eval_examples`: the questions behind `eval_dataset` (its features);
         `post_processing`: how logits become answers (qa.evaluation.postprocess.PostProcessing);
         `log_extras`: a function of a log entry returning values to add to it (the run's
-        throughput figures, qa.training.callbacks.RunCallbacks.log_values); `checkpoint_record`: what the
+        throughput figures, qa.training.telemetry.TelemetryCallback.log_values); `checkpoint_record`: what the
         checkpoints' steps mean (qa.training.checkpoints.run_record), kept in their completion markers."""
         super().__init__(*args, **kwargs)
         self.eval_examples = eval_examples

@@ -5,9 +5,10 @@ same machine, the same data and the same model shape, in one invocation.
     python bench/run_bench.py --size gpu      # bert-base shape, 384/128, on a GPU node
     python bench/run_bench.py --size cpu      # small shape, 128/32, a few minutes on 2 cores
 
-Variants (each a fresh `run_qa.py` process, so every figure comes from the code users run: the
-Trainer with the project's features, collator, sampler, and the run's own telemetry, whose timed
-window (`--telemetry_window`) gives the counts and seconds compared here):
+Variants (each a fresh `run_qa.py` process through bench/timed_run.py, which adds the benchmark's
+own timed window and stops training when it closes; every figure comes from the code users run:
+the Trainer with the project's features, collator, sampler, and the run's own telemetry, whose
+timed window (`--telemetry_window`) gives the counts and seconds compared here):
 
 - `reference`: what the well-known Hugging Face example does: every feature padded to
   max_seq_length, batch 12, lr 3e-5, fp32 (TF32 left at torch's default, off), the library's
@@ -15,6 +16,9 @@ window (`--telemetry_window`) gives the counts and seconds compared here):
 - `reference_bf16`: the same with `--bf16 true`;
 - `fast`: configs/fast.json's switches (on a CPU without TF32 and, unless --cpu_compile, without
   torch.compile, whose compilation takes minutes there);
+- `fast_no_instruments`: `fast` with every instrument off (telemetry, time to accuracy, the
+  preemption agreement, the console's log printer): what they cost, from the benchmark's own
+  window (steps/s), beside `fast` in the same run and repeats (`instruments_off` in the report);
 - opt-in (`--variants`): `fast_no_compile`; `fast_static64` (lengths padded to multiples of
   64, one static graph per length: the alternative to dynamic-shape compilation).
 
@@ -39,6 +43,7 @@ import os
 import platform
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -82,7 +87,9 @@ JOB_KEYS = {"_comment", "model_name_or_path", "dataset_name", "train_file", "val
             "do_predict", "output_dir", "num_train_epochs", "max_steps", "save_strategy", "save_steps",
             "save_total_limit", "logging_steps", "eval_strategy", "report_to", "max_seq_length", "doc_stride",
             "max_query_length", "per_device_eval_batch_size", "seed"}
-DEFAULT_VARIANTS = ("reference", "reference_bf16", "fast")
+DEFAULT_VARIANTS = ("reference", "reference_bf16", "fast", "fast_no_instruments")
+# Every instrument off (no --eval_every either): the run as a bare Trainer would train it.
+NO_INSTRUMENTS = {"telemetry": False, "checkpoint_on_sigterm": False, "log_lines": False}
 EXTRA_VARIANTS = ("fast_no_compile", "fast_static64")
 
 
@@ -115,6 +122,8 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
         settings.pop("compile_warmup", None)
     elif name == "fast_static64":
         settings.update(pad_to_multiple_of=64, compile_dynamic="false")
+    elif name == "fast_no_instruments":
+        settings.update(NO_INSTRUMENTS)
     elif name != "fast":
         raise SystemExit(f"unknown variant {name!r}: choose from {DEFAULT_VARIANTS + EXTRA_VARIANTS}")
     if not on_gpu:
@@ -147,10 +156,12 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
     # every variant sets its batch (REFERENCE, configs/fast.json): nothing falls back to a default
     batch = int(settings["per_device_train_batch_size"]) * int(settings.get("gradient_accumulation_steps", 1))
     timed = max(1, math.ceil(args.timed_samples / batch))
-    window = [f"{args.warmup_steps}:{args.warmup_steps + timed}"]
+    steps = f"{args.warmup_steps}:{args.warmup_steps + timed}"
+    window = [] if settings.get("telemetry") is False else ["--telemetry_window", steps]
     max_steps = args.warmup_steps + timed
     if args.window_min_s:
-        window += ["--telemetry_window_min_s", f"{args.window_min_s:g}"]
+        window += ["--telemetry_window_min_s", f"{args.window_min_s:g}"] if window else []
+        steps += f":{args.window_min_s:g}"
         max_steps = args.warmup_steps + timed * MIN_S_STEP_ROOM
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
@@ -163,7 +174,7 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
         "--model_name_or_path", str(model_dir), *data, "--do_train",
         "--max_seq_length", str(size["max_seq_length"]), "--doc_stride", str(size["doc_stride"]),
         "--max_query_length", str(size["max_query_length"]),
-        "--max_steps", str(max_steps), "--telemetry_window", *window,
+        "--max_steps", str(max_steps), *window,
         "--output_dir", str(out), "--resume", "never",
         "--report_to", "none", "--save_strategy", "no", "--logging_steps", "100000", "--disable_tqdm", "true",
         "--seed", "42", "--features_cache_dir", str(work / "features"),
@@ -178,24 +189,25 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
     log(f"[{name}] {args.warmup_steps} warm-up + {timed} timed steps of {batch}"
         f"{f' (at least {args.window_min_s:g} s)' if args.window_min_s else ''}: "
-        f"python run_qa.py {' '.join(shlex.quote(a) for a in argv)}")
+        f"python bench/timed_run.py {steps} {' '.join(shlex.quote(a) for a in argv)}")
     started = time.perf_counter()
     with open(work / f"log-{name}.txt", "w") as logfile:
-        proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *argv], cwd=REPO, env=env, stdout=logfile,
-                              stderr=subprocess.STDOUT)
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "timed_run.py"), steps, *argv], cwd=REPO, env=env,
+                              stdout=logfile, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - started
-    results_file = out / "all_results.json"
+    results_file, window_file = out / "all_results.json", out / "bench_window.json"
     if proc.returncode != 0 or not results_file.exists():
         tail = (work / f"log-{name}.txt").read_text()[-3000:]
         raise SystemExit(f"variant {name} failed (exit {proc.returncode}); log tail:\n{tail}")
     results = read_json(results_file)
-    if not results.get("train_window_complete"):
+    if not window_file.exists() or (window and not results.get("train_window_complete")):
         raise SystemExit(f"variant {name} ended before its timed window closed: {results}")
     environment = read_json(out / "environment.json")
     for f in out.glob("*.safetensors"):  # the trained weights are of no use here
         f.unlink()
     return {"settings": settings, "notes": notes, "run_qa_args": argv, "results": results,
-            "environment": environment, "threads": env.get("OMP_NUM_THREADS"), "process_wall_s": round(wall, 1)}
+            "window": read_json(window_file), "environment": environment, "threads": env.get("OMP_NUM_THREADS"),
+            "process_wall_s": round(wall, 1)}
 
 
 def window_rate(raw) -> float:
@@ -277,7 +289,9 @@ def summarise(name, raw, size, peak_flops_per_s):
         "projection_basis": basis,
         "timed_steps": res["train_window_steps"], "timed_samples": res["train_window_samples"],
         "timed_seconds": round(s, 3), "warmup_steps": res["train_window_first_step"] - 1,
-        "warmup_s": res.get("train_window_warmup_s"), "first_step_s": res.get("train_first_step_s"),
+        # the telemetry's clock starts at the first step: a compile warm-up before it is added
+        "warmup_s": res.get("train_window_warmup_s", 0) + res.get("compile_warmup_s", 0),
+        "first_step_s": res.get("train_first_step_s"),
         "process_wall_s": raw["process_wall_s"],
         "compile": setup.get("compile"),
         "compiles_in_window": res.get("train_window_compiles"),
@@ -293,6 +307,20 @@ def summarise(name, raw, size, peak_flops_per_s):
     }
 
 
+def instruments_off(runs: dict):
+    """What the instruments cost: steps/s of `fast` with and without them, both from the
+    benchmark's own window (bench/timed_run.py), median of the repeats; None unless both ran."""
+    if not {"fast", "fast_no_instruments"} <= set(runs):
+        return None
+    rates = {name: [round(r["window"]["steps"] / r["window"]["seconds"], 3) for r in runs[name]]
+             for name in ("fast", "fast_no_instruments")}
+    on, off = (statistics.median(rates[name]) for name in ("fast", "fast_no_instruments"))
+    return {"steps_per_second_with": on, "steps_per_second_without": off, "without_over_with": round(off / on, 3),
+            "repeat_steps_per_second_with": rates["fast"],
+            "repeat_steps_per_second_without": rates["fast_no_instruments"],
+            "instruments_off": sorted(NO_INSTRUMENTS)}
+
+
 def compiled_in_window(variant: dict) -> bool:
     """Whether the reported window timed a compilation (or could not tell): not a training speed."""
     return variant.get("compiles_in_window") != 0
@@ -302,7 +330,7 @@ def ratios(variants: dict) -> dict:
     """fast*/reference* speed ratios; `compiled_in_window` marks a pair of which either window
     timed a compilation: such a ratio is no result."""
     out = {}
-    for fast in [v for v in variants if v.startswith("fast")]:
+    for fast in [v for v in variants if v.startswith("fast") and v != "fast_no_instruments"]:
         for ref in ("reference", "reference_bf16"):
             if ref in variants:
                 a, b = variants[fast], variants[ref]
@@ -401,6 +429,12 @@ def markdown(report: dict) -> str:
               "- MFU counts 6 x non-embedding parameters FLOPs per real token (attention scores excluded: "
               "`mfu_real_with_attention` in the JSON adds them), against one peak for every variant.",
               ]
+    off = report.get("instruments_off")
+    if off:
+        lines += [f"- Instruments ({', '.join(off['instruments_off'])}, no --eval_every): fast runs "
+                  f"{off['steps_per_second_with']:g} steps/s with them, {off['steps_per_second_without']:g} without "
+                  f"({off['without_over_with']:.3f}x; the benchmark's own window, median of the repeats: with "
+                  f"{off['repeat_steps_per_second_with']}, without {off['repeat_steps_per_second_without']})."]
     if report["device"]["kind"] == "cpu":
         lines += ["- **CPU run**: no GPU was available. These figures say that every variant runs through the real "
                   "training code and how the switches behave on a CPU; they say nothing about GPU speed "
@@ -482,6 +516,8 @@ def main(argv=None):
             runs[name].append(run_variant(name, args, size, model_dir, work, on_gpu, peak, log))
     raw = {}
     for name, rs in runs.items():
+        if name == "fast_no_instruments":  # no telemetry: only the benchmark's own window (instruments_off)
+            continue
         rate = [window_rate(r) for r in rs]
         pick, why = median_run(rs)
         raw[name] = rs[pick]
@@ -520,6 +556,7 @@ def main(argv=None):
         "window": {"warmup_steps": args.warmup_steps, "timed_samples": args.timed_samples,
                    "min_s": args.window_min_s or None},
         "ratios": ratios(summaries),
+        "instruments_off": instruments_off(runs),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"bench-{args.size}-{_slug(device_name)}-{now.strftime('%Y%m%dT%H%M%SZ')}"

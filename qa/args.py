@@ -123,8 +123,8 @@ class RunArguments:
     telemetry_window_min_s: Optional[float] = field(
         default=None,
         metadata={"help": "With --telemetry_window: keep the window open past STOP until it has lasted at least this "
-                  "many seconds (read at step ends), then stop training: a window long enough to read reliably "
-                  "whatever the device's speed (set --max_steps high enough for it); bench/run_bench.py uses it."})
+                  "many seconds (read at step ends; or until training ends): a window long enough to read reliably "
+                  "whatever the device's speed. It does not stop training (bench/timed_run.py's window does)."})
     eval_every: Optional[float] = field(
         default=None,
         metadata={"help": "Evaluate during training every this much (below 1: a fraction of an epoch, e.g. 0.25; "
@@ -159,18 +159,17 @@ class RunArguments:
         default=1, metadata={"help": "Profiling cycles (0: until training ends; each cycle writes its own files)."})
     profile_with_stack: bool = field(
         default=False, metadata={"help": "Record Python source locations in the trace (larger files)."})
-    measure_communication: str = field(
-        default="auto",
-        metadata={"help": "'auto': in a run with more than one process, before training, time an all-reduce as large "
-                  "as the gradients (whole group, and one node when the job spans several) and the exposed "
-                  "communication of a real step (synchronisation on against off); recorded as comm_* in "
-                  "train_results.json and in environment.json. 'false': only record the switches in effect.",
-                  "choices": ["auto", "false"]})
+    measure_communication: bool = field(
+        default=False,
+        metadata={"help": "The scaling study's instrument (scaling/comm_measure.py; tools/scaling_submit.sh passes "
+                  "it): in a run of more than one process, before training, time an all-reduce as large as the "
+                  "gradients (whole group, and one node when the job spans several) and the exposed communication "
+                  "of a real step (synchronisation on against off); recorded as comm_* in train_results.json."})
     ddp_comm_hook: str = field(
         default="none",
-        metadata={"help": "DDP gradient compression: 'bf16' or 'fp16' (PyTorch's compress hooks: the gradients "
-                  "travel in 16 bits, half the bytes), 'none'. With --ddp_bucket_cap_mb (DDP's bucket size, MB) "
-                  "the switches that shrink the communication of a multi-node run.",
+        metadata={"help": "DDP gradient compression: 'bf16' (NCCL only) or 'fp16' (PyTorch's compress hooks: the "
+                  "gradients travel in 16 bits, half the bytes), 'none'. With --ddp_bucket_cap_mb (DDP's bucket size, "
+                  "MB) the switches that shrink the communication of a multi-node run.",
                   "choices": ["none", "bf16", "fp16"]})
     fsdp_reduce_dtype: str = field(
         default="auto",
@@ -184,6 +183,10 @@ class RunArguments:
                   "to at most --per_device_train_batch_size (the memory limit) with the fewest accumulation steps "
                   "that make up the rest; it must divide by the world size. The learning rate is not changed. The "
                   "job scripts pass GLOBAL_BATCH as this."})
+    log_lines: bool = field(
+        default=True,
+        metadata={"help": "Print each log entry as one line of numbers (JSON) in place of the Trainer's printer or "
+                  "progress bar's own lines (qa/console.py); false keeps the Trainer's."})
     checkpoint_on_sigterm: bool = field(
         default=True,
         metadata={"help": "On SIGTERM (SLURM time limit or preemption; job_ft3.sh/job_ddp.sh forward it on "

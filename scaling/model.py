@@ -5,12 +5,12 @@ GPUs, it predicts the step time, samples/s, speedup and efficiency of DDP and FS
 on any shape, and of what-ifs: bf16 communication, gradient accumulation, a larger per-device
 batch. Small pure functions, each tested on hand-made numbers (tests/test_scaling_model.py);
 docs/scaling.md states the model and its assumptions. Units: seconds, bytes, GB/s in the
-NCCL-tests sense (qa.bandwidth).
+NCCL-tests sense (scaling.bandwidth).
 """
 import math
 from dataclasses import dataclass
 
-from qa.bandwidth import GB
+from scaling.bandwidth import GB
 
 # The QA model of bert-base-uncased: BertForQuestionAnswering(BertConfig()).parameters(), all
 # trainable (the count is checked against transformers in the tests).

@@ -33,6 +33,13 @@ def report(tmp_path_factory):
 def test_report_has_every_variant_and_field(report):
     r, _ = report
     assert list(r["variants"]) == ["reference", "reference_bf16", "fast"]
+    # fast with every instrument off, timed by the benchmark's own window beside fast with them
+    off = r["instruments_off"]
+    assert off["instruments_off"] == ["checkpoint_on_sigterm", "log_lines", "telemetry"]
+    assert off["steps_per_second_with"] > 0 and off["steps_per_second_without"] > 0
+    assert off["without_over_with"] == pytest.approx(off["steps_per_second_without"] / off["steps_per_second_with"],
+                                                     rel=1e-2)
+    assert len(off["repeat_steps_per_second_with"]) == len(off["repeat_steps_per_second_without"]) == 1
     for key in ("device", "versions", "date_utc", "command", "host", "model", "data", "peak", "ratios", "load_avg"):
         assert key in r, key
     assert r["size"] == "cpu" and r["versions"]["torch"] and r["versions"]["transformers"]
@@ -82,6 +89,7 @@ def test_each_variant_used_what_it_says(report):
 def test_markdown_names_device_versions_command(report):
     r, md = report
     assert r["device"]["name"] in md and r["versions"]["torch"] in md and "bench/run_bench.py" in md
+    assert "- Instruments (checkpoint_on_sigterm, log_lines, telemetry, no --eval_every): fast runs" in md
     for name in r["variants"]:
         assert f"| {name} |" in md
     if not r["gpu_available"]:

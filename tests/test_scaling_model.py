@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from qa.bandwidth import algbw_from_busbw, busbw_from_algbw
+from scaling.bandwidth import algbw_from_busbw, busbw_from_algbw
 from scaling.model import (BERT_BASE_EMBEDDING_PARAMS, BERT_BASE_QA_PARAMS, Baseline, Settings, WhatIf,
                            busbw_for_speedup, parse_shape, parse_what_if, predict, ring_allgather_s, ring_allreduce_s,
                            ring_busbw, ring_reducescatter_s)

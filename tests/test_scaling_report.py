@@ -102,7 +102,7 @@ def write_run(out: Path, name, job, runtime, f1, world=None, train=True, finish=
 
 
 # What the telemetry and the communication measurement of a run record (qa/training/telemetry.py,
-# qa/communication.py): step times and, on more than one GPU, the bus bandwidth and a step
+# scaling/comm_measure.py): step times and, on more than one GPU, the bus bandwidth and a step
 # with and without gradient synchronisation.
 BUSBW = {(1, 2): 20.0, (2, 1): 11.0, (2, 2): 10.5}
 PARAMS = 108_893_186
@@ -482,8 +482,9 @@ def test_submit_dry_run(tmp_path):
     # the baseline is what a user's `sbatch job_ft3.sh` runs; every other cell is job_ddp.sh
     assert re.search(f" --partition gpu --time=02:00:00 {re.escape(str(REPO))}/job_ft3\\.sh --num_train_epochs 1 "
                      f"--output_dir {re.escape(str(study))}/ddp-1x1-r1$", first), first
-    assert all(re.search(f" {re.escape(str(REPO))}/job_ddp\\.sh --num_train_epochs 1 --output_dir ", x)
-               for x in lines if "-1x1-" not in x)
+    # every multi-GPU cell measures its communication (the study's opt-in); the baseline has one process
+    assert all(re.search(f" {re.escape(str(REPO))}/job_ddp\\.sh --measure_communication true --num_train_epochs 1 "
+                         "--output_dir ", x) for x in lines if "-1x1-" not in x)
     assert sum("job_ft3.sh" in x for x in lines) == 5
     assert any(" -N 2 --gres=gpu:a100:2 " in x and "STRATEGY=fsdp" in x and "fsdp-2x2-r5" in x for x in lines)
     assert [x.split()[3] for x in lines[:7]] == ["scal-ddp-1x1-r1", "scal-ddp-1x2-r1", "scal-fsdp-1x2-r1",
@@ -533,7 +534,7 @@ def test_submit_writes_manifest(tmp_path):
     assert args[:6] == ["--parsable", "-J", "scal-fsdp-2x2-r1", "-N", "2", "--gres=gpu:a100:2"]
     assert f"--export=ALL,STRATEGY=fsdp,CONFIG={REPO}/configs/reference.json,NPROC_PER_NODE=2," \
            f"OUTPUT_DIR={study}/fsdp-2x2-r1,GLOBAL_BATCH=48,ENV_FILE={envfile}" in args
-    assert args[-3:] == [str(job), "--output_dir", str(study / "fsdp-2x2-r1")]
+    assert args[-5:] == [str(job), "--measure_communication", "true", "--output_dir", str(study / "fsdp-2x2-r1")]
     assert manifest["job_script"] == str(job) and manifest["baseline_job_script"] == str(REPO / "job_ft3.sh")
     assert not list(study.glob(".manifest.*"))   # no temporary left behind
     # a second submission into the same study is refused

@@ -85,10 +85,13 @@ def test_elementary_formulas():
 
 
 def test_flops_formulas():
-    from qa.training.flops import flops_per_token, model_flops
+    from qa.training.flops import model_flops
 
-    # bert-base: 85M non-embedding parameters, 12 layers, hidden 768, 384 tokens
-    assert flops_per_token(85_000_000, 12, 768, 384) == 6 * 85_000_000 + 12 * 12 * 768 * 384
+    def flops_per_token(n, layers, hidden, seq_len):  # PaLM's 6N + 12 L H s
+        return 6 * n + 12 * layers * hidden * seq_len
+
+    # bert-base: 85M non-embedding parameters, 12 layers, hidden 768, one sequence of 384 tokens
+    assert model_flops(85_000_000, 12, 768, 384, 384 ** 2) == 384 * flops_per_token(85_000_000, 12, 768, 384)
     # two sequences of 3 and 5 real tokens: per-token formula summed over their tokens
     n, layers, hidden = 100, 2, 4
     expected = 3 * flops_per_token(n, layers, hidden, 3) + 5 * flops_per_token(n, layers, hidden, 5)
@@ -218,9 +221,8 @@ def test_callback_counts_the_batches_the_model_sees():
 
 
 def test_passes_outside_the_optimizer_steps_are_not_counted():
-    """The compile warm-up and the communication measurement run training-mode passes after
-    the telemetry started and before the first step: their time is set aside, and so are their
-    samples and tokens."""
+    """Other callbacks (the compile warm-up, the scaling study's measurement) run training-mode
+    passes before the first step, on the telemetry's hook but off its clock: not counted."""
     import torch
 
     from qa.training.telemetry import TelemetryCallback
@@ -303,6 +305,7 @@ def test_timed_window_counts_the_compilations_inside_it():
     t.state.global_step = 0
     before.on_train_begin(t.args, t.state, None, model=t.model)
     for step in range(1, 5):
+        before.on_step_begin(t.args, t.state, None)
         if step == 2:
             double(torch.ones(2, 2))  # a new shape, before the window
         t.state.global_step += 1
@@ -311,7 +314,9 @@ def test_timed_window_counts_the_compilations_inside_it():
     assert before.summary()["train_window_compiles"] == 0
 
 
-def test_timed_window_with_a_minimum_duration_stays_open_then_stops_training():
+def test_timed_window_with_a_minimum_duration_stays_open_past_its_last_step():
+    """The telemetry measures; it never stops training (a benchmark's window does: bench/timed_run.py).
+    A window still open when training ends after its last step closes there."""
     import time
 
     from transformers import TrainerControl
@@ -322,56 +327,78 @@ def test_timed_window_with_a_minimum_duration_stays_open_then_stops_training():
     cb = TelemetryCallback(timed_steps=(1, 2), window_min_s=0.25)
     cb.on_train_begin(t.args, t.state, None, model=t.model)
     control = TrainerControl()
-    while not control.should_training_stop and t.state.global_step < 100:
+    while "seconds" not in cb.timed and t.state.global_step < 100:
         cb.on_step_begin(t.args, t.state, control)
         time.sleep(0.05)
         t.state.global_step += 1
         cb.on_step_end(t.args, t.state, control)
+    cb.on_step_begin(t.args, t.state, control)
+    t.state.global_step += 1
+    cb.on_step_end(t.args, t.state, control)
     cb.on_train_end(t.args, t.state, control)
     s = cb.summary()
-    assert control.should_training_stop and s["train_window_complete"] and s["train_window_min_s"] == 0.25
-    assert s["train_window_seconds"] >= 0.25 and s["train_window_last_step"] == t.state.global_step > 2
+    assert not control.should_training_stop and s["train_window_complete"] and s["train_window_min_s"] == 0.25
+    assert s["train_window_seconds"] >= 0.25 and s["train_window_last_step"] == t.state.global_step - 1 > 2
     assert s["train_window_steps"] == s["train_window_last_step"] - 1
-    # without a minimum the window closes at its last step and training goes on
-    plain = TelemetryCallback(timed_steps=(1, 2))
+    # training stopped after STOP, before the least duration: the window closes at the end
+    early = TelemetryCallback(timed_steps=(1, 2), window_min_s=60)
     t.state.global_step = 0
-    plain.on_train_begin(t.args, t.state, None, model=t.model)
-    control = TrainerControl()
-    for _ in range(4):
+    early.on_train_begin(t.args, t.state, None, model=t.model)
+    for _ in range(3):
+        early.on_step_begin(t.args, t.state, control)
         t.state.global_step += 1
-        plain.on_step_end(t.args, t.state, control)
-    plain.on_train_end(t.args, t.state, control)
-    assert plain.summary()["train_window_last_step"] == 2 and not control.should_training_stop
+        early.on_step_end(t.args, t.state, control)
+    early.on_train_end(t.args, t.state, control)
+    s = early.summary()
+    assert s["train_window_complete"] and s["train_window_last_step"] == 3 and s["train_window_steps"] == 2
+
+
+def test_clock_starts_at_the_first_step():
+    """What runs when training begins (another callback's passes, the DataLoader's start-up) is
+    neither step nor data time, whatever the callbacks' order."""
+    import time
+
+    from qa.training.telemetry import TelemetryCallback
+
+    t = _Tiny()
+    cb = TelemetryCallback()
+    cb.on_train_begin(t.args, t.state, None, model=t.model)
+    time.sleep(0.3)  # before the first step
+    for _ in range(2):
+        cb.on_step_begin(t.args, t.state, None)
+        t.state.global_step += 1
+        cb.on_step_end(t.args, t.state, None)
+    cb.on_train_end(t.args, t.state, None)
+    s = cb.summary()
+    assert s["train_data_time_total_s"] < 0.1 and s["train_step_time_total_s"] < 0.1
 
 
 def test_run_callbacks_follow_the_arguments():
     from qa.args import RunArguments
-    from qa.training.callbacks import RunCallbacks
-    from qa.communication import CommunicationCallback
+    from qa.communication import DDPCompressionHook
+    from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
+    from qa.training.callbacks import run_callbacks
     from qa.training.preemption import CheckpointOnSignalCallback
     from qa.training.profiling import ProfilerCallback
     from qa.training.telemetry import TelemetryCallback
     from qa.training.trial_steps import CompileWarmupCallback
 
-    training_args = SimpleNamespace(output_dir="x")
-    kinds = [type(c) for c in RunCallbacks(RunArguments(profile=True), training_args).callbacks]
-    assert kinds == [TelemetryCallback, ProfilerCallback, CheckpointOnSignalCallback, CommunicationCallback]
-    compiled = RunCallbacks(RunArguments(compile_warmup=True, preemption_check_steps=4),
-                            SimpleNamespace(output_dir="x", torch_compile=True))
-    assert [type(c) for c in compiled.callbacks] == [TelemetryCallback, CheckpointOnSignalCallback,
-                                                     CompileWarmupCallback, CommunicationCallback]
-    # their time before the first step is set aside from its data time
-    assert compiled.telemetry.overhead_sources == [compiled.warmup, compiled.communication]
-    assert compiled.preemption.check_steps == 4
-    uncompiled = RunCallbacks(RunArguments(compile_warmup=True), SimpleNamespace(output_dir="x", torch_compile=False))
-    assert uncompiled.warmup is None  # nothing to warm up
-    fewest = RunCallbacks(RunArguments(telemetry=False, checkpoint_on_sigterm=False), training_args)
-    # the communication callback stays: it acts only in distributed runs
-    assert [type(c) for c in fewest.callbacks] == [CommunicationCallback]
-    assert fewest.log_values({"loss": 1.0}) == {} and fewest.summary() == {}
-    switches = RunCallbacks(RunArguments(ddp_comm_hook="bf16", fsdp_reduce_dtype="fp32"), training_args)
-    assert (switches.communication.ddp_comm_hook, switches.communication.fsdp_reduce_dtype) == ("bf16", "fp32")
-    assert RunCallbacks(RunArguments(telemetry_window="2:5"), training_args).telemetry.timed_steps == (2, 5)
+    training_args = SimpleNamespace(output_dir="x", report_to=[])
+    kinds = {k: type(c) for k, c in run_callbacks(RunArguments(profile=True), training_args).items()}
+    assert kinds == {"telemetry": TelemetryCallback, "profiler": ProfilerCallback,
+                     "preemption": CheckpointOnSignalCallback}
+    compiled = run_callbacks(RunArguments(compile_warmup=True, preemption_check_steps=4, eval_every=0.5),
+                             SimpleNamespace(output_dir="x", torch_compile=True, report_to=[]))
+    assert [type(c) for c in compiled.values()] == [TimeToAccuracyCallback, TelemetryCallback,
+                                                    CheckpointOnSignalCallback, CompileWarmupCallback]
+    assert compiled["preemption"].check_steps == 4
+    uncompiled = run_callbacks(RunArguments(compile_warmup=True), SimpleNamespace(output_dir="x", torch_compile=False))
+    assert "compile_warmup" not in uncompiled  # nothing to warm up
+    # every instrument off, and nothing of the scaling study's unless asked (--measure_communication)
+    assert run_callbacks(RunArguments(telemetry=False, checkpoint_on_sigterm=False), training_args) == {}
+    hook = run_callbacks(RunArguments(ddp_comm_hook="fp16"), training_args)["ddp_comm_hook"]
+    assert isinstance(hook, DDPCompressionHook) and hook.name == "fp16"
+    assert run_callbacks(RunArguments(telemetry_window="2:5"), training_args)["telemetry"].timed_steps == (2, 5)
     # their values are checked with every other setting, by qa.settings' table, right after parsing
     from qa.errors import InputError
     from qa.settings import check_settings
@@ -383,9 +410,8 @@ def test_run_callbacks_follow_the_arguments():
 
 
 def test_callbacks_are_installed_through_the_public_api():
-    """After the Trainer's own callbacks (flow, reporting), in the order built, the console's log
-    printer in place of the Trainer's (qa.console); no reordering of the Trainer's list and no
-    frame walking is needed."""
+    """After the Trainer's own callbacks (flow, reporting), the console's log printer in place of
+    the Trainer's (qa.console) unless --log_lines false; no reordering, no frame walking."""
     import inspect
 
     from transformers import PrinterCallback, ProgressCallback, Trainer, TrainingArguments
@@ -393,21 +419,28 @@ def test_callbacks_are_installed_through_the_public_api():
 
     import qa.training.callbacks
     from qa.args import RunArguments
-    from qa.training.callbacks import RunCallbacks
+    from qa.console import LogLinesCallback, LogLinesProgressCallback
+    from qa.training.callbacks import install, run_callbacks, summary
 
     assert "_getframe" not in inspect.getsource(qa.training.callbacks)
-    model = _Tiny().model
     args = TrainingArguments(output_dir="x", use_cpu=True, report_to=["tensorboard"])
-    trainer = Trainer(model=model, args=args)
-    before = list(trainer.callback_handler.callbacks)
-    assert any(isinstance(c, TensorBoardCallback) for c in before)
-    callbacks = RunCallbacks(RunArguments(profile=True), args)
-    callbacks.install(trainer)
-    printer = [c for c in before if isinstance(c, (ProgressCallback, PrinterCallback))]
-    assert len(printer) == 1
-    kept = [c for c in before if c is not printer[0]]
-    assert trainer.callback_handler.callbacks == kept + [callbacks.console] + callbacks.callbacks
-    assert type(callbacks.console).__module__ == "qa.console"
+    for log_lines in (True, False):
+        trainer = Trainer(model=_Tiny().model, args=args)
+        before = list(trainer.callback_handler.callbacks)
+        assert any(isinstance(c, TensorBoardCallback) for c in before)
+        run_args = RunArguments(profile=True, log_lines=log_lines)
+        callbacks = list(run_callbacks(run_args, args).values())
+        install(trainer, callbacks, run_args)
+        printer = [c for c in before if isinstance(c, (ProgressCallback, PrinterCallback))]
+        assert len(printer) == 1
+        now = trainer.callback_handler.callbacks
+        if log_lines:
+            kept = [c for c in before if c is not printer[0]]
+            assert now[:len(kept)] == kept and isinstance(now[len(kept)], (LogLinesCallback, LogLinesProgressCallback))
+            assert now[len(kept) + 1:] == callbacks
+        else:
+            assert now == before + callbacks
+    assert summary(callbacks) == {}  # nothing measured yet
 
 
 # ---------------------------------------------------------------------------------------------

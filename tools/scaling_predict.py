@@ -36,7 +36,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from qa.bandwidth import GB
+from scaling.bandwidth import GB
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, read_json
 from scaling.baseline import baseline_from_records, grad_dtype_bytes, number, run_device

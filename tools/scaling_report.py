@@ -14,7 +14,7 @@ Writes into DIR (default STUDY), atomically:
   and min-max when they differ); then, for every multi-GPU cell, its median step time beside
   the communication model's prediction (scaling/model.py, from the baseline run's records and
   the cell's own measured bus bandwidth, batch and switches), with the step's measured parts
-  (compute, exposed communication, the rest: qa/communication.py) and a flag where measurement
+  (compute, exposed communication, the rest: scaling/comm_measure.py) and a flag where measurement
   and model part by more than 25 %; then every failed, incomplete or missing run with its reason
   (none is dropped silently), and one line per completed run;
 - scaling_speedup.png: speedup against number of GPUs, a line per strategy and node count
@@ -601,7 +601,7 @@ def predictions_section(entries, notes):
                      f"{ms(e['predicted_exposed_s'])} | {ms(e['rest_s'])} | {_f(e['speedup'], 2)} | "
                      f"{_f(e['predicted_speedup'], 2)} | {flag} |")
     lines += ["", "Step = the median optimizer step time of the cell's runs (train_step_time_mean_s). Its parts, "
-              "from the runs' own records (qa/communication.py, measured before training on one batch): compute = "
+              "from the runs' own records (scaling/comm_measure.py, measured before training on one batch): compute = "
               "forward + backward without gradient synchronisation (comm_step_nosync_s); exposed communication = "
               "with minus without (comm_exposed_s); rest = step - both (the optimizer step, waits, stragglers). "
               "Predicted: the communication model of docs/scaling.md from the baseline run's records, the cell's "

@@ -13,6 +13,8 @@
 # --target-f1 X: every run evaluates during training (--eval_every E, a fraction of an epoch or
 # steps [0.25]; --eval_every_questions N validation questions [all]) and records its training
 # seconds to F1 X; the report gives each cell's time-to-target speedup beside its throughput one.
+# Every multi-GPU cell passes run_qa.py --measure_communication true (the study's measurement of
+# its bandwidth and exposed communication, scaling/comm_measure.py), before the RUN_QA ARGS.
 # Each run writes into STUDY/<strategy>-<nodes>x<gpus>-r<k> (OUTPUT_DIR and --output_dir), and
 # STUDY/manifest.json lists every submitted job (rewritten atomically after each submission).
 #
@@ -132,11 +134,12 @@ for ((r = 1; r <= repeats; r++)); do
     exports=ALL,STRATEGY=$strategy,CONFIG=$config,NPROC_PER_NODE=$gpus,OUTPUT_DIR=$out
     [ -z "$global_batch" ] || exports+=,GLOBAL_BATCH=$global_batch
     [ -z "$env_file" ] || exports+=,ENV_FILE=$env_file
-    script=$job_script
-    [ "${nodes}x$gpus" != 1x1 ] || script=$baseline_script
+    # Every multi-GPU cell measures its communication (scaling/comm_measure.py): an opt-in of run_qa.py.
+    script=$job_script; measure=(--measure_communication true)
+    [ "${nodes}x$gpus" != 1x1 ] || { script=$baseline_script; measure=(); }
     cmd=(sbatch --parsable -J "scal-$name" -N "$nodes" "--gres=gpu:a100:$gpus" --no-requeue
          "--output=$out/slurm-%j.out" "--error=$out/slurm-%j.err" "--export=$exports" "${sbatch_extra[@]}"
-         "$script" "${run_extra[@]}" --output_dir "$out")
+         "$script" "${measure[@]}" "${run_extra[@]}" --output_dir "$out")
     if [ $dry = 1 ]; then show "${cmd[@]}"; continue; fi
     mkdir -p "$out"   # sbatch does not create the folder of --output
     job=$("${cmd[@]}") || die "sbatch failed for $name; $n job(s) submitted so far are in $manifest"

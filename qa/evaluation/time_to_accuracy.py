@@ -1,17 +1,8 @@
-"""Time to accuracy: evaluations during training on a clock that excludes them, and how long the
-run took to reach a target F1.
-
-Throughput alone flatters a larger batch: it can be faster per sample and still need longer to
-answer as well. So `--eval_every` evaluates during training (on the validation questions, or the
-first `--eval_every_questions` of them with all their windows), and each evaluation records the
-training seconds so far, the step, the features seen, F1 and EM. The training clock runs from
-the start of training (compilation and warm-up included: they are part of the cost) and stops
-while an evaluation runs. `--target_f1 X` then gives the training seconds to the first
-evaluation at or above X, linearly interpolated between it and the one before (said so), or null
-with the best F1 reached. Evaluating changes nothing in training: QuestionAnsweringTrainer keeps
-every random generator as it was around an evaluation, so the losses are those of a run without
-(tested).
-"""
+"""Time to accuracy (throughput alone flatters a larger batch): `--eval_every` evaluates during
+training, each evaluation recording the training seconds so far, step, features seen, F1 and EM,
+on a clock that runs from the start of training (compilation and warm-up are part of the cost)
+and stops while evaluating; `--target_f1` gives the seconds to reach it. Evaluating changes
+nothing in training (QuestionAnsweringTrainer keeps every random generator as it was)."""
 import logging
 import math
 import time
@@ -25,16 +16,14 @@ TAG = "eval_by_train_seconds"  # TensorBoard: F1 and EM with the training second
 
 
 def eval_interval(every: float, steps_per_epoch: int) -> int:
-    """Optimizer steps between evaluations: `every` below 1 is a fraction of an epoch, from 1 on
-    a number of steps."""
+    """Optimizer steps between evaluations: `every` below 1 is a fraction of an epoch, else steps."""
     if every < 1:
         return max(1, round(every * steps_per_epoch))
     return int(every)
 
 
 def first_questions(examples, features, n: Optional[int]):
-    """(examples, features) of the first `n` questions with every window of each (all when `n` is
-    None): the set evaluated during training with --eval_every_questions."""
+    """(examples, features) of the first `n` questions (all if None), every window of each."""
     if n is None or n >= len(examples):
         return examples, features
     examples = examples.select(range(n))
@@ -44,9 +33,8 @@ def first_questions(examples, features, n: Optional[int]):
 
 
 def time_to_target(evaluations: List[dict], target: float) -> dict:
-    """When the F1 of `evaluations` (in training order: train_seconds, step, f1) first reached
-    `target`: the interpolated training seconds, the seconds and step of that evaluation, and how
-    the figure was obtained; None figures with the best F1 when it never did."""
+    """When the F1 of `evaluations` (in training order) first reached `target`: the training
+    seconds interpolated from the evaluation before, that evaluation's; else None and the best F1."""
     best = max(evaluations, key=lambda e: e["f1"], default=None)
     out = {"target_f1": target, "train_seconds_to_target_f1": None,
            "train_seconds_to_target_f1_at_evaluation": None, "step_at_target_f1": None,
@@ -72,9 +60,8 @@ def time_to_target(evaluations: List[dict], target: float) -> dict:
 
 
 class TimeToAccuracyCallback(TrainerCallback):
-    """Asks the Trainer for an evaluation every `every` (see eval_interval) and at the last step,
-    and records each evaluation made during training on the training clock. Every rank keeps the
-    same record (the evaluations run on all ranks, as the final one does)."""
+    """Asks for an evaluation every `every` (eval_interval) and at the last step, and records each
+    on the training clock; every rank keeps the same record."""
 
     def __init__(self, every: float, target_f1: Optional[float] = None, tensorboard_dir: Optional[str] = None):
         self.every, self.target_f1, self.tensorboard_dir = every, target_f1, tensorboard_dir

@@ -1,15 +1,6 @@
-"""What training a model costs and what a device can do: model FLOPs, the model's shape, peaks.
-
-Model FLOPs count real tokens only, by PaLM's formula (6N + 12·L·H·s per token); the peaks are
-the dense figures of NVIDIA's data sheets by matmul precision; MFU is achieved model FLOP/s over
-the peak. Pure functions, tested on hand-made numbers (tests/test_telemetry.py): the telemetry
-(qa.training.telemetry) applies them to what a run measured, bench/run_bench.py to its timed windows.
-"""
+"""What training a model costs and what a device can do: model FLOPs (real tokens only), the
+model's shape, the devices' dense peaks by matmul precision, and MFU (model FLOP/s over the peak)."""
 import re
-
-
-# ---------------------------------------------------------------------------------------------
-# The model's shape
 
 
 def model_shape(model) -> dict:
@@ -35,40 +26,16 @@ def gradient_size(model) -> dict:
             "grad_bytes": sum(p.numel() * p.element_size() for p in params)}
 
 
-# ---------------------------------------------------------------------------------------------
-# Model FLOPs
-
-
-def flops_per_token(non_embedding_params, layers, hidden, seq_len):
-    """Model FLOPs to train on one token of a sequence of `seq_len` real tokens (forward + backward):
-
-        6 * N  +  12 * L * H * s
-
-    N: parameters outside the embedding tables (every weight matrix costs 2 FLOPs per parameter
-    per token forward, 4 backward); L layers, hidden size H, s the sequence length: the
-    attention scores QK^T and the weighted sum AV cost 2 * 2 * s * H per token per layer forward,
-    3x that with the backward pass. The formula of PaLM (Chowdhery et al. 2022, appendix B),
-    without activation recomputation: this is *model* FLOPs, what MFU is defined on."""
-    return 6 * non_embedding_params + 12 * layers * hidden * seq_len
-
-
 def model_flops(non_embedding_params, layers, hidden, real_tokens, sum_sq_lengths):
-    """Model FLOPs of training on a set of sequences, counting real tokens only.
-
-    Summing `flops_per_token` over the s_i real tokens of each sequence i:
-    sum_i s_i * (6N + 12 L H s_i) = 6 N * sum_i s_i + 12 L H * sum_i s_i**2.
-    Padding positions are computed by the hardware but are not useful work, so they count for
-    nothing here: padding lowers MFU, as it should."""
+    """Model FLOPs of training on a set of sequences, real tokens only (padding lowers MFU, as it
+    should), by PaLM's formula (Chowdhery et al. 2022, app. B): a token of a sequence of s real
+    tokens costs 6N + 12·L·H·s (N parameters outside the embeddings, L layers, H hidden: QK^T and
+    AV), so the set costs 6N·sum(s) + 12·L·H·sum(s^2)."""
     return 6 * non_embedding_params * real_tokens + 12 * layers * hidden * sum_sq_lengths
 
 
-# ---------------------------------------------------------------------------------------------
-# Device peaks
-
-# Dense (no sparsity) peak TFLOP/s per GPU from NVIDIA's data sheets, by the precision the
-# matrix multiplications run in. First matching pattern (on the lower-cased name that
-# torch.cuda.get_device_name() returns) wins, so specific variants come first. A device or a
-# precision missing here gives MFU null unless --peak_tflops is given.
+# Dense peak TFLOP/s per GPU from NVIDIA's data sheets, by matmul precision. The first pattern matching
+# the lower-cased torch.cuda.get_device_name() wins, so specific variants come first.
 PEAK_TFLOPS = (
     (r"gh200", "GH200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
     (r"h200 nvl", "H200 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
@@ -107,10 +74,8 @@ def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
 
 
 def peak_flops(device_name, precision, override_tflops=None):
-    """-> (peak FLOP/s or None, where the figure comes from). `override_tflops` (--peak_tflops)
-    wins; a CPU (device_name None) has no entry: MFU is then null unless overridden. So is a MIG
-    slice ('NVIDIA H100 80GB HBM3 MIG 1g.10gb'): it has a fraction of the card's units, and
-    the card's peak would understate its MFU by that fraction."""
+    """-> (peak FLOP/s or None, where the figure comes from); `override_tflops` (--peak_tflops) wins.
+    None for a CPU (device_name None) and for a MIG slice, whose share of the card's peak is unknown."""
     if override_tflops:
         return override_tflops * 1e12, f"--peak_tflops {override_tflops:g}"
     if not device_name:
@@ -127,13 +92,8 @@ def peak_flops(device_name, precision, override_tflops=None):
     return None, f"unknown device {device_name!r} (pass --peak_tflops)"
 
 
-# ---------------------------------------------------------------------------------------------
-# Utilisation
-
-
 def mfu(flops, seconds, peak_flops_per_s):
-    """Model FLOPs utilisation: achieved model FLOP/s over the device's peak. None without a
-    measured time or a peak."""
+    """Achieved model FLOP/s over the device's peak; None without a measured time or a peak."""
     if not seconds or seconds <= 0 or not peak_flops_per_s:
         return None
     return flops / seconds / peak_flops_per_s

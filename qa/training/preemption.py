@@ -1,10 +1,6 @@
-"""Preemption and time limits: checkpoint on SIGTERM, with every rank stopping at the same step.
-
-SLURM sends SIGTERM at a job's time limit and on preemption (job_ft3.sh/job_ddp.sh forward it
-when `--signal=B:USR1@T` warns them). `CheckpointOnSignalCallback` turns it into a complete
-checkpoint and a clean stop; run_qa.py then exits with EXIT_INTERRUPTED and a rerun
-(`--resume auto`) continues from that checkpoint.
-"""
+"""Checkpoint on SIGTERM (SLURM's time limit or preemption; job_ft3.sh/job_ddp.sh forward it),
+every rank stopping at the same step; run_qa.py then exits with EXIT_INTERRUPTED, and a rerun
+(`--resume auto`) continues from the checkpoint."""
 import logging
 import os
 import signal
@@ -25,30 +21,12 @@ EXIT_INTERRUPTED = 128 + signal.SIGTERM
 class CheckpointOnSignalCallback(TrainerCallback):
     """On SIGTERM: finish the optimizer step under way, save a checkpoint, stop training.
 
-    SLURM sends SIGTERM at a job's time limit and on preemption, job_ft3.sh/job_ddp.sh send it
-    when `--signal=B:USR1@T` warns them, and torchrun forwards it to its workers. The ranks of a
-    distributed run get it at slightly different moments, possibly in different steps, and a rank
-    that saved and stopped alone would leave the others waiting in a collective. So the ranks
-    agree whether any of them got the signal, and all save the same step's checkpoint (marked
-    complete by QuestionAnsweringTrainer._save_checkpoint once every rank has written its part)
-    and stop together. run_qa.py then exits with EXIT_INTERRUPTED without evaluating or writing
-    results; `--resume auto` continues from that checkpoint with the optimizer, scheduler, RNG
-    states and data position restored.
-
-    The agreement costs next to nothing: every `check_steps` optimizer steps (--preemption_check_steps)
-    each rank starts an all-reduce (MAX) of its flag without waiting for it, with the result copied
-    to the host behind it; at the end of the next step the result is read, long since arrived, and
-    the decision taken. Reading a device value right after the all-reduce, at every step, would
-    make the host wait for the device to finish all the work queued so far (on a GPU, a stall of
-    the stream's pipeline per step). Every rank starts and reads at the same global steps, so all
-    take the same decision at the same step; the run stops at most check_steps + 1 steps after
-    the signal arrived. One process needs no agreement and checks its flag at every step.
-
-    Unlike transformers' `enable_jit_checkpoint` (each rank checkpoints on its own, 3 s after its
-    own SIGTERM, at whichever step it is in; then `train()` returns as if training had finished),
-    this is safe under DDP/FSDP and tells the caller that training did not finish.
-    The handler is installed from on_train_begin to on_train_end only; a SIGTERM during
-    evaluation ends the process as usual (the final checkpoint of the training is already saved).
+    A rank that stopped alone would leave the others waiting in a collective, so the ranks agree:
+    every `check_steps` steps each starts an all-reduce (MAX) of its flag without waiting, and
+    reads it at the end of the next step, long since arrived (reading at once would stall the
+    device's stream). All stop at most check_steps + 1 steps after the signal; one process checks
+    at every step. Unlike transformers' `enable_jit_checkpoint` (each rank alone, at any step, and
+    train() returns as if finished), this is safe under DDP/FSDP and says training did not finish.
     """
 
     signals = (signal.SIGTERM,)

@@ -1,18 +1,13 @@
-"""Profiling a few training steps with torch.profiler, as a Trainer callback.
-
-A bounded schedule (`--profile_wait/_warmup/_active/_repeat`), on the world's process zero
-only, so memory stays bounded and the other ranks train untouched. Each recorded cycle writes
-operators.txt (sorted by device time on a GPU), trace.json, memory.txt and profile.json under
-`output_dir/profile/` (README, "Where the time goes"). It records and changes nothing computed
-(tests/test_profiling.py); the recorded steps are slower, which a profiled run's throughput shows."""
+"""Profiling a few training steps with torch.profiler on process zero (`--profile_wait/_warmup/
+_active/_repeat`): each recorded cycle writes operators.txt, trace.json, memory.txt and profile.json
+under `output_dir/profile/`. It changes nothing computed; the recorded steps are slower."""
 import logging
-import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
 from qa.io import atomic_write_json, atomic_write_text
-from qa.training.telemetry import gib, max_rss_gib
+from qa.training.telemetry import max_rss_gib
 
 logger = logging.getLogger(__name__)
 PROFILE_DIR = "profile"
@@ -24,12 +19,9 @@ class ProfilerCallback(TrainerCallback):
         self.wait, self.warmup, self.active, self.repeat = wait, warmup, active, repeat
         self.with_stack, self.row_limit = with_stack, row_limit
         self.prof = None
-        self.overhead_s = 0.0  # host time spent here, for qa.training.telemetry.TelemetryCallback to set aside
         self.cycles = []  # [{"cycle": k, "global_steps": [...], "files": [...]}]
         self._recording = []  # global steps recorded in the current cycle
         self._cuda = False
-
-    # -- the schedule ----------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -37,7 +29,6 @@ class ProfilerCallback(TrainerCallback):
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
-        start = time.perf_counter()
         self._cuda = torch.cuda.is_available() and getattr(args.device, "type", "") == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -49,31 +40,26 @@ class ProfilerCallback(TrainerCallback):
         logger.info("profiling steps %d..%d of each %d-step cycle (%s cycles) into %s",
                     self.wait + self.warmup + 1, self.wait + self.warmup + self.active,
                     self.wait + self.warmup + self.active, self.repeat or "all", self.dir)
-        self.overhead_s += time.perf_counter() - start
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.prof is None:
             return
         from torch.profiler import ProfilerAction
 
-        start = time.perf_counter()
         if self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
             self._recording.append(state.global_step)  # the step that just ended was recorded
         self.prof.step()  # writes the files when a cycle's last active step ends
         if self.repeat and len(self.cycles) >= self.repeat:
             self._stop()
-        self.overhead_s += time.perf_counter() - start
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.prof is None:
             return
-        start = time.perf_counter()
         self._stop()  # a cycle cut short by the end of training still writes what it recorded
         if not self.cycles:
             logger.warning("profiling: training ended after %d steps, before the first recorded step "
                            "(--profile_wait %d + --profile_warmup %d); nothing was written",
                            state.global_step, self.wait, self.warmup)
-        self.overhead_s += time.perf_counter() - start
 
     def _stop(self):
         if self.prof is not None:
@@ -81,13 +67,10 @@ class ProfilerCallback(TrainerCallback):
             prof.stop()
 
     def summary(self) -> dict:
-        """Merged into train_results.json by run_qa.py."""
         if not self.cycles:
             return {}
         return {"train_profiled_steps": [s for c in self.cycles for s in c["global_steps"]],
                 "train_profile_dir": str(self.dir)}
-
-    # -- the files -------------------------------------------------------------------------
 
     def _write(self, prof):
         import torch
@@ -106,17 +89,10 @@ class ProfilerCallback(TrainerCallback):
         prof.export_chrome_trace(str(self.dir / files["trace"]))
 
         mem_sort = "self_device_memory_usage" if self._cuda else "self_cpu_memory_usage"
-        lines = [f"Memory of training steps {steps}", ""]
-        if self._cuda:
-            lines += [f"peak allocated (torch.cuda.max_memory_allocated): "
-                      f"{gib(torch.cuda.max_memory_allocated()):.3f} GiB",
-                      f"peak reserved (torch.cuda.max_memory_reserved): "
-                      f"{gib(torch.cuda.max_memory_reserved()):.3f} GiB", ""]
-        rss = max_rss_gib()
-        lines += [f"process peak RSS (host memory): {'n/a' if rss is None else f'{rss:.3f} GiB'}", "",
-                  f"Operators by the memory they allocate themselves ({mem_sort}; negative: freed):", "",
-                  averages.table(sort_by=mem_sort, row_limit=self.row_limit)]
-        if self._cuda:
+        lines = [f"Memory of training steps {steps}", "", f"process peak RSS (host memory): {max_rss_gib():.3f} GiB",
+                 "", f"Operators by the memory they allocate themselves ({mem_sort}; negative: freed):", "",
+                 averages.table(sort_by=mem_sort, row_limit=self.row_limit)]
+        if self._cuda:  # its peak allocated and reserved included
             lines += ["", "torch.cuda.memory_summary():", "", torch.cuda.memory_summary()]
         atomic_write_text(self.dir / files["memory"], "\n".join(lines) + "\n")
 

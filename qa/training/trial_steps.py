@@ -1,5 +1,5 @@
 """Forward and backward passes outside the training loop that leave training as it would have
-been: the compile warm-up (here) and the communication measurement (qa.comm_measure).
+been: the compile warm-up (here) and the scaling study's communication measurement (scaling.comm_measure).
 
 They run on the model the training loop calls and the way `training_step` runs it (training
 mode, compute_loss, the accelerator's backward), so a compiled model meets the graphs training

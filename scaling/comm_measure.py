@@ -1,13 +1,14 @@
-"""Measuring a distributed run's gradient communication, before its first training step.
+"""The scaling study's measurement of a distributed run's gradient communication, before its
+first training step. Opt-in: `run_qa.py --measure_communication true` (tools/scaling_submit.sh
+passes it) adds `CommunicationMeasurement`, whose record joins train_results.json as comm_*.
 
 - All-reduce calibration: a buffer as large as the gradients, in the dtype that travels, timed
   after warm-ups (median of repeats, each its slowest rank's time) over the whole group and, when
-  the job spans nodes, within one node; reported with NCCL-tests' bandwidths (qa.bandwidth).
+  the job spans nodes, within one node; reported with NCCL-tests' bandwidths (scaling.bandwidth).
 - Exposed communication: forward + backward of the real model on a training batch with the
   gradient synchronisation on and off, alternated; the difference of the medians is what the
-  overlap with backward does not hide. The passes run as training steps do (qa.training.trial_steps), so
-  training then goes on exactly as it would have without them.
-qa.communication's callback calls `measure` and records what it returns as comm_*.
+  overlap with backward does not hide. The passes run as training steps do
+  (qa.training.trial_steps), so training then goes on exactly as it would have without them.
 """
 import contextlib
 import os
@@ -15,11 +16,17 @@ import socket
 import statistics
 import time
 
+import logging
+
 import torch
 import torch.distributed as dist
+from transformers import TrainerCallback
 
-from qa.bandwidth import GB, busbw_from_algbw
+from qa.training.flops import gradient_size
 from qa.training.trial_steps import collate_rows, forward_backward, rng_kept
+from scaling.bandwidth import GB, busbw_from_algbw
+
+logger = logging.getLogger(__name__)
 
 WARMUPS, REPEATS, STEP_REPEATS = 2, 5, 3
 
@@ -150,7 +157,7 @@ def exposed_communication(trainer, model, batch: dict, device, repeats=STEP_REPE
 
 
 # ---------------------------------------------------------------------------------------------
-# Both, for the communication callback
+# Both, when training begins
 
 
 def measure(trainer, model, wire: torch.dtype, elements: int, device) -> dict:
@@ -165,3 +172,51 @@ def measure(trainer, model, wire: torch.dtype, elements: int, device) -> dict:
     else:
         out["exposed_note"] = f"{type(model).__name__} cannot switch its gradient synchronisation off"
     return out
+
+
+WIRE = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}
+
+
+def in_effect(model) -> dict:
+    """The switches as the wrapped model has them: the DDP hook registered, DDP's bucket size (MiB)."""
+    hooks = [hook.__name__ for hook, _ in getattr(model, "_comm_hooks", [])]  # DDP has no public list of its hooks
+    return {"ddp_comm_hook": hooks[0] if hooks else "none",
+            "ddp_bucket_cap_mb": model.bucket_bytes_cap / 2 ** 20 if hasattr(model, "bucket_bytes_cap") else None}
+
+
+class CommunicationMeasurement(TrainerCallback):
+    """Measures the communication when training begins, in a run of more than one process, and
+    records the switches in effect; `summary()`: comm_* for train_results.json. `bind(trainer)`
+    first: it needs the wrapped model (Trainer.model_wrapped) and a training batch."""
+
+    def __init__(self):
+        self.trainer, self.record = None, {}
+
+    def bind(self, trainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        trainer, started = self.trainer, time.perf_counter()
+        model = trainer.model_wrapped
+        if not can_toggle_sync(model):
+            model = getattr(model, "_orig_mod", model)  # compiled: the DDP/FSDP wrapper is inside
+        grads = gradient_size(trainer.model)
+        self.record = {"world_size": dist.get_world_size(), "backend": dist.get_backend(),
+                       "wrapper": type(model).__name__, "grad_bytes": grads["grad_bytes"],
+                       "grad_dtype": grads["grad_dtype"], **in_effect(model)}
+        plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+        fsdp_reduce = getattr(getattr(plugin, "mixed_precision_policy", None), "reduce_dtype", None)
+        if plugin is not None:
+            self.record["fsdp_reduce_dtype"] = str(fsdp_reduce or "the parameters' dtype").replace("torch.", "")
+        wire = WIRE.get(self.record["ddp_comm_hook"]) or fsdp_reduce or getattr(torch, grads["grad_dtype"])
+        self.record.update(measure(trainer, model, wire, grads["trainable_params"], args.device))
+        self.record["measure_s"] = time.perf_counter() - started
+        logger.info("communication: all-reduce of %.1f MB (%s) over %d ranks: %.4f s, bus bandwidth %.2f GB/s; "
+                    "exposed per step %.4f s", self.record["allreduce_bytes"] / 1e6, self.record["allreduce_dtype"],
+                    self.record["world_size"], self.record["allreduce_s"], self.record["allreduce_busbw_GBps"],
+                    self.record.get("exposed_s", float("nan")))
+
+    def summary(self) -> dict:
+        return {f"comm_{k}": (round(v, 6) if isinstance(v, float) else v) for k, v in self.record.items()}

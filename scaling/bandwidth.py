@@ -1,5 +1,5 @@
 """The bandwidth of a collective as NCCL-tests defines it, shared by what measures it
-(qa.comm_measure) and what predicts from it (the scaling study's model).
+(scaling.comm_measure) and what predicts from it (scaling.model).
 
 For an all-reduce of S bytes over n ranks in t seconds, algbw = S / t and busbw = algbw x
 2(n-1)/n: the rate of the ring's slowest link, which does not depend on n, so a busbw measured
