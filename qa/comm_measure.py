@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from qa.bandwidth import GB, busbw_from_algbw
-from qa.training.trial_steps import collate_rows, forward_backward, rng_kept
+from qa.training.compile import collate_rows, forward_backward, rng_kept
 
 WARMUPS, REPEATS, STEP_REPEATS = 2, 5, 3
 

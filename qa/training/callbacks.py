@@ -15,7 +15,7 @@ from qa.training.preemption import CheckpointOnSignalCallback
 from qa.training.profiling import ProfilerCallback
 from qa.training.telemetry import TelemetryCallback
 from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
-from qa.training.trial_steps import CompileWarmupCallback
+from qa.training.compile import CompileWarmupCallback
 
 logger = logging.getLogger(__name__)
 
