@@ -351,7 +351,7 @@ def test_run_callbacks_follow_the_arguments():
     from qa.training.preemption import CheckpointOnSignalCallback
     from qa.training.profiling import ProfilerCallback
     from qa.training.telemetry import TelemetryCallback
-    from qa.training.trial_steps import CompileWarmupCallback
+    from qa.training.compile import CompileWarmupCallback
 
     training_args = SimpleNamespace(output_dir="x")
     kinds = [type(c) for c in RunCallbacks(RunArguments(profile=True), training_args).callbacks]
