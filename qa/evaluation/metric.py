@@ -116,10 +116,9 @@ def _v2_scores(questions, predictions, na_probs=None, na_prob_thresh=1.0) -> col
                                        if qid in predictions else (0, 0))
     if not exact_raw:
         raise InputError("dataset", "contains no questions", "score a dataset that has questions")
-    probs = na_probs if na_probs is not None else {}
     exact, f1 = dict(exact_raw), dict(f1_raw)
     for qid in exact_raw:
-        if qid in predictions and probs.get(qid, 0.0) > na_prob_thresh:
+        if qid in predictions and (na_probs or {}).get(qid, 0.0) > na_prob_thresh:
             exact[qid] = f1[qid] = float(not has_answer[qid])  # predicted "no answer"
 
     result = collections.OrderedDict(_percentages(exact, f1, list(exact)))
@@ -134,18 +133,14 @@ def _v2_scores(questions, predictions, na_probs=None, na_prob_thresh=1.0) -> col
     return result
 
 
-def _scores(questions, predictions, version_2_with_negative, na_probs=None, na_prob_thresh=1.0):
-    if version_2_with_negative:
-        return _v2_scores(questions, predictions, na_probs, na_prob_thresh)
-    return _v1_scores(questions, predictions)
-
-
-def scores_from_examples(examples, predictions, version_2_with_negative: bool, na_probs=None,
-                         na_prob_thresh=1.0):
+def scores_from_examples(examples, predictions, version_2_with_negative: bool, na_probs=None, na_prob_thresh=1.0):
     """{"exact_match", "f1"} in percent as evaluate-v1.1.py computes them, or evaluate-v2.0.py's result
     (_v2_scores) when `version_2_with_negative`, from flat examples (see _questions) and `predictions`
     (question id -> answer text)."""
-    return _scores(_questions(examples), predictions, version_2_with_negative, na_probs, na_prob_thresh)
+    questions = _questions(examples)
+    if version_2_with_negative:
+        return _v2_scores(questions, predictions, na_probs, na_prob_thresh)
+    return _v1_scores(questions, predictions)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -155,9 +150,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser():
-    parser = _Parser(prog="python -m qa.evaluation.metric",
-                     description="Score SQuAD predictions exactly as the official v1.1 / v2.0 evaluation "
-                                 "scripts do (the version is detected from the dataset).")
+    parser = _Parser(prog="python -m qa.evaluation.metric", description="Score SQuAD predictions as the official "
+                     "v1.1 / v2.0 evaluation scripts do (the version is the dataset's).")
     parser.add_argument("dataset_file", help="official SQuAD dataset JSON (plain or .gz)")
     parser.add_argument("predictions_file", help="JSON object: question id -> answer text")
     parser.add_argument("--na-prob-file", "-n", default=None,
@@ -192,8 +186,7 @@ def _coverage_note(qids, predictions, args, version_2):
     some questions have one, the line that says how many (else None)."""
     missing = [qid for qid in qids if qid not in predictions]
     answered = len(qids) - len(missing)
-    present = set(qids)
-    extra = sum(1 for qid in predictions if qid not in present)
+    extra = len(set(predictions) - set(qids))
     if answered == 0:
         example = f" (e.g. {next(iter(predictions))!r} there, {qids[0]!r} here)" if predictions else ""
         raise InputError(str(args.dataset_file), f"none of its {len(qids)} questions has a prediction in "
@@ -237,8 +230,9 @@ def _score_files(args) -> str:
         print(f"Evaluation expects v-1.1, but got dataset with v-{squad.version}", file=sys.stderr)
     if note:  # after every check of the input: an error stays the only line
         print(note, file=sys.stderr)
-    result = _scores(questions, predictions, squad.version_2, na_probs, args.na_prob_thresh)
-    return json.dumps(result, indent=2) if squad.version_2 else json.dumps(result)
+    if squad.version_2:
+        return json.dumps(_v2_scores(questions, predictions, na_probs, args.na_prob_thresh), indent=2)
+    return json.dumps(_v1_scores(questions, predictions))
 
 
 @command

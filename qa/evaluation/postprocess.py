@@ -1,9 +1,6 @@
-"""Start/end logits over tokenized features (windows) into answer texts, SQuAD v1.1 and v2.0, vectorised
-with numpy: the 10,784 dev features in under a second (bench/bench_postprocess.py). It gives exactly what
-the plain loop of the well-known Hugging Face example gives (tests/postprocess_reference.py, whose
-docstring specifies both, ties and fallbacks included): per window the n_best start and end positions,
-candidate spans inside the context and max_answer_length, ranked by start + end logit across a question's
-windows; v1.1 never answers "" while the context has a valid span; v2 adds the null answer and null_odds."""
+"""Start/end logits over tokenized features (windows) into answer texts, SQuAD v1.1 and v2.0: the plain loop
+of the well-known Hugging Face example (tests/postprocess_reference.py, whose docstring is the specification,
+ties and fallbacks included), vectorised with numpy: the 10,784 dev features in under a second."""
 import logging
 import math
 import os
@@ -53,10 +50,9 @@ def warn_featureless(ids, featureless) -> None:
 
 
 def best_valid_span(offset_rows, start_rows, end_rows, max_answer_length):
-    """The best valid span over every position of a question's windows as a ranked entry (score,
-    start_logit, end_logit, char span), or None when no window has a context token: v1.1 always has an
-    answer, so when none of the n_best pairs is valid (an undertrained model's best logits on [CLS] or
-    the question) it is the best pair of all. Ties: the first window, the shorter span, the earlier start."""
+    """v1.1 always has an answer: when none of the n_best pairs is valid (an undertrained model), the best
+    valid span over every position of a question's windows, as a ranked entry; None when no window has a
+    context token. Ties: the first window, the shorter span, the earlier start."""
     best = None
     for offsets, start, end in zip(offset_rows, start_rows, end_rows):
         n = min(len(offsets), len(start))
@@ -99,12 +95,9 @@ def collect(ids, outputs, version_2_with_negative, output_dir, prefix):
     nbest = {i: out[1] for i, out in zip(ids, outputs)}
     null_odds = {i: out[2] for i, out in zip(ids, outputs)} if version_2_with_negative else None
     if output_dir is not None:
-        def path(name):
-            return os.path.join(output_dir, name if prefix is None else f"{prefix}_{name}")
-        atomic_write_json(path("predictions.json"), predictions, indent=4)
-        atomic_write_json(path("nbest_predictions.json"), nbest, indent=4)
-        if version_2_with_negative:
-            atomic_write_json(path("null_odds.json"), null_odds, indent=4)
+        values = (predictions, nbest, null_odds) if version_2_with_negative else (predictions, nbest)
+        for name, value in zip(("predictions.json", "nbest_predictions.json", "null_odds.json"), values):
+            atomic_write_json(os.path.join(output_dir, name if prefix is None else f"{prefix}_{name}"), value, indent=4)
     return predictions, nbest, null_odds
 
 
@@ -155,12 +148,10 @@ def _group_starts(sorted_keys):
 def postprocess_qa_predictions(examples, features, all_start_logits, all_end_logits, *,
                                version_2_with_negative=False, n_best_size=20, max_answer_length=30,
                                null_score_diff_threshold=0.0, output_dir=None, prefix=None):
-    """(predictions, nbest, null_odds) keyed by example id; null_odds is None for SQuAD v1.1.
-
-    examples, features: datasets.Dataset or dict of lists, with `id` and `context`, and `example_id` and
-    `offset_mapping` (None for non-context tokens). Logits: arrays (n_features, seq_len). With
-    `output_dir`, writes [prefix_]predictions.json, [prefix_]nbest_predictions.json and, for v2,
-    [prefix_]null_odds.json there, atomically."""
+    """(predictions, nbest, null_odds) keyed by example id; null_odds is None for SQuAD v1.1. examples,
+    features: datasets.Dataset or dict of lists with `id` and `context`, `example_id` and `offset_mapping`
+    (None for non-context tokens); logits (n_features, seq_len). With `output_dir`, writes
+    [prefix_]predictions.json, [prefix_]nbest_predictions.json and, for v2, [prefix_]null_odds.json there."""
     ids, contexts = _column(examples, "id"), _column(examples, "context")
     feature_example_ids = _column(features, "example_id")
     start, end = np.asarray(all_start_logits), np.asarray(all_end_logits)

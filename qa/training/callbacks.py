@@ -1,6 +1,6 @@
 """The callbacks a run adds to the Trainer, built and installed in one place (`RunCallbacks`).
 
-Each callback lives with its job (qa.training.telemetry, qa.training.profiling, qa.training.preemption, qa.training.trial_steps for
+Each callback lives with its job (qa.training.telemetry, qa.training.profiling, qa.training.preemption, qa.training.compile for
 the compile warm-up, qa.communication, qa.evaluation.time_to_accuracy) and takes plain values; this module alone reads the run's
 settings (qa.args.RunArguments) to build them, installs them through the Trainer's public
 `add_callback`, hands the Trainer the values to add to its log entries (`log_values`, for

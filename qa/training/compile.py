@@ -1,10 +1,6 @@
 """How a `--torch_compile` run compiles: the settings accelerate reads, sdpa attention that always gets
-its mask, a failed compilation that falls back to eager code, and the warm-up (`--compile_warmup`) that
-compiles every batch shape before the first step, so that no compilation lands in a timed window.
-
-The warm-up's passes run as `training_step` runs them (training mode, compute_loss, the accelerator's
-backward) on the model the loop calls, so they meet the graphs training uses; nothing is stepped,
-gradients are cleared and every random generator is put back."""
+its mask, a failed compilation that falls back to eager code, and the warm-up (`--compile_warmup`): a
+pass of every batch shape before the first step, so that no compilation lands in a timed window."""
 import contextlib
 import inspect
 import itertools
@@ -16,6 +12,8 @@ import time
 import numpy as np
 import torch
 import torch._dynamo
+import torch._functorch.config
+import torch.fx.experimental._config as shapes
 from transformers import AttentionInterface, AttentionMaskInterface, TrainerCallback
 from transformers.masking_utils import sdpa_mask
 
@@ -31,27 +29,22 @@ STATIC_RECOMPILE_LIMIT = 64
 SDPA_WITH_MASK = "sdpa_with_mask"
 
 
-def configure_compile(model_args) -> dict:
+def configure_compile(model_args) -> None:
     """--compile_dynamic and --compile_regional, as the ACCELERATE_DYNAMO_* variables from which accelerate's
-    TorchDynamoPlugin fills the fields the Trainer leaves unset. Returns what it set."""
-    settings = {}
+    TorchDynamoPlugin fills the fields the Trainer leaves unset."""
     dynamic = model_args.compile_dynamic
     if dynamic not in ("auto", "true", "false"):
         raise InputError(f"compile_dynamic={dynamic}", "unknown value", "use auto, true or false")
     if dynamic != "auto":
-        settings["ACCELERATE_DYNAMO_USE_DYNAMIC"] = dynamic
+        os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] = dynamic
     if model_args.compile_regional:
-        settings["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "true"
-    os.environ.update(settings)
+        os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "true"
     if dynamic == "false":
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
     else:
-        import torch.fx.experimental._config as shapes
-
         # Sizes equal when traced (48 features of 48 tokens) would share one symbol ("duck sizing"),
         # and the graph would recompile at the first batch where they differ.
         shapes.use_duck_shape = False
-    return settings
 
 
 def _sdpa_mask_always(*args, **kwargs):
@@ -70,8 +63,7 @@ def keep_mask_when_compiled(model) -> None:
 
 
 class _CompileFailures(logging.Filter):
-    """On dynamo's logger: a compilation it gave up (a warning with the whole traceback) becomes one
-    warning line, once per run; the first reason is kept for the run's results."""
+    """On dynamo's logger: a compilation it gave up (a warning and its traceback) becomes one line, once."""
 
     reason = None
 
@@ -91,11 +83,8 @@ COMPILE_FAILURES = _CompileFailures()
 
 
 def fall_back_when_compile_fails() -> None:
-    """A failed compilation leaves that code eager instead of ending the run (dynamo's suppress_errors),
-    the backward graph included: compiled with the forward one, not at the first backward pass,
-    outside that fallback."""
-    import torch._functorch.config
-
+    """A failed compilation leaves that code eager instead of ending the run (dynamo's suppress_errors); the
+    backward graph is compiled with the forward one, not at the first backward pass, outside that fallback."""
     torch._dynamo.config.suppress_errors = True
     torch._functorch.config.force_non_lazy_backward_lowering = True
     COMPILE_FAILURES.reason = None
@@ -125,8 +114,8 @@ def rng_kept():
 
 
 def forward_backward(trainer, model, batch: dict):
-    """One forward and backward pass as Trainer.training_step runs it, without an optimizer step; the
-    loss (detached). The model's mode is put back."""
+    """One forward and backward pass as Trainer.training_step runs it (so a compiled model meets the graphs
+    training uses), without an optimizer step; the loss, detached. The model's mode is put back."""
     was_training = model.training
     model.train()
     try:
@@ -160,8 +149,7 @@ def batch_shapes(lengths, batch_size: int, width_of, last_batch: int = 0) -> lis
 
 
 def training_shapes(trainer) -> list:
-    """batch_shapes for the run's training features, per-device batch and collator (one without buckets
-    pads a batch to its longest feature)."""
+    """batch_shapes of the run (a collator without buckets pads a batch to its longest feature)."""
     args = trainer.args
     lengths = feature_lengths(trainer.train_dataset)
     width_of = getattr(trainer.data_collator, "target_length", lambda longest: longest)
@@ -171,8 +159,8 @@ def training_shapes(trainer) -> list:
 
 
 class CompileWarmupCallback(TrainerCallback):
-    """Before the first step, one forward and backward pass of every batch shape training will produce.
-    `bind(trainer)` first. `overhead_s`, its time, the telemetry sets aside from the first step's data time."""
+    """Before the first step, a pass of every batch shape training will produce; gradients are cleared and
+    random generators put back. `bind(trainer)` first. The telemetry sets `overhead_s` aside."""
 
     def __init__(self):
         self.trainer = None
@@ -200,6 +188,5 @@ class CompileWarmupCallback(TrainerCallback):
         logger.info("compile warm-up: %d batch shapes (batch x width) in %.1f s, %s compilations", len(shapes),
                     self.overhead_s, compiled.get("compiles"))
 
-    def summary(self) -> dict:
-        """For train_results.json: the shapes warmed up and the time it took."""
+    def summary(self) -> dict:  # for train_results.json
         return dict(self.record)
