@@ -128,7 +128,7 @@ def forward_backward(trainer, model, batch: dict):
 
 
 def collate_rows(trainer, indices) -> dict:
-    """Training rows `indices` (the model's forward arguments only), collated by the run's collator, on its device."""
+    """Training rows `indices` (the model's forward arguments only), collated by the run's collator, where it runs."""
     accepted = set(inspect.signature(trainer.model.forward).parameters)
     rows = [{k: v for k, v in trainer.train_dataset[int(i)].items() if k in accepted} for i in indices]
     return {k: v.to(trainer.args.device) for k, v in trainer.data_collator(rows).items()}
