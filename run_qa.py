@@ -33,7 +33,8 @@ from qa.data.sources import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402
 from qa.data.features import check_tokenizer, prepare_train_features, prepare_validation_features  # noqa: E402
 from qa.io import atomic_write_json  # noqa: E402
-from qa.model import check_model_and_tokenizer, compile_outcome, load_model_and_tokenizer  # noqa: E402
+from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
+from qa.training.compile import compile_outcome  # noqa: E402
 from qa.evaluation.postprocess import PostProcessing  # noqa: E402
 from qa.training.preemption import EXIT_INTERRUPTED  # noqa: E402
 from qa.distributed import close_process_group, on_main_rank  # noqa: E402

@@ -27,7 +27,7 @@ from qa.errors import InputError
 from qa.io import give_new_file_modes
 from qa.evaluation.metric import scores_from_examples
 from qa.evaluation.postprocess import PostProcessing
-from qa.training.trial_steps import rng_kept
+from qa.training.compile import rng_kept
 
 logger = logging.getLogger(__name__)
 

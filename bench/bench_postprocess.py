@@ -1,8 +1,9 @@
 """Benchmark: post-processing the whole SQuAD v1.1 dev set, reference loop vs vectorised.
 
 Tokenizes every dev question (10,784 features at max_seq_length 384, doc_stride 128, with the
-bert-base-uncased vocabulary of the bundled MiniLM), draws random logits with a fixed seed, times
-both implementations in this one process (best of --repeat, wall clock and CPU time), checks that
+bert-base-uncased vocabulary of the bundled MiniLM) into a datasets table, as the QA Trainer passes them,
+draws random logits with a fixed seed, times both implementations (the reference loop is
+tests/postprocess_reference.py) in this one process (best of --repeat, wall clock and CPU time), checks that
 they give identical results, and prints one JSON line. Exits 1 if the results differ.
 
     python bench/bench_postprocess.py [--v2] [--repeat 3] [--seed 0] [--dev PATH]
@@ -24,7 +25,7 @@ from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.data.features import prepare_validation_features
 from qa.model import bundled_minilm_dir
-from qa.evaluation.postprocess import postprocess_qa_predictions, postprocess_qa_predictions_reference
+from qa.evaluation.postprocess import postprocess_qa_predictions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,16 +54,20 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
+    from datasets import Dataset
     from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(REPO))
+    from tests.postprocess_reference import postprocess_qa_predictions_reference
 
     t0 = time.perf_counter()
     examples = load_examples(require_squad_dev(args.dev))
     tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
     features = prepare_validation_features(examples, tokenizer, max_seq_length=384, doc_stride=128,
                                            max_query_length=64, pad_to_max_length=True)
-    features = {k: features[k] for k in ("example_id", "offset_mapping")}
+    features = Dataset.from_dict({k: features[k] for k in ("example_id", "offset_mapping")})
     tokenize_s = time.perf_counter() - t0
-    n = len(features["example_id"])
+    n = len(features)
     rng = np.random.default_rng(args.seed)
     start = rng.standard_normal((n, 384), dtype=np.float32)
     end = rng.standard_normal((n, 384), dtype=np.float32)

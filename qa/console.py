@@ -1,62 +1,39 @@
 """What a run prints: readable in a terminal, and in a log file (a SLURM job's .out/.err).
 
-- Progress bars only on a terminal. tqdm redraws a bar with carriage returns and escape codes,
-  which a log file keeps as hundreds of half-lines; so when stderr is not a terminal the Trainer's
-  bar (`--disable_tqdm`, unless the user set it) and the datasets library's bars go. The
-  library's own bars for loading and writing weights go everywhere: they flash by in a fraction
-  of a second and, at every checkpoint, break the training bar.
-- Log entries as numbers: the Trainer's printer and progress callbacks print each entry's floats
-  as strings (`'loss': '4.63'`); `LogLinesCallback` / `LogLinesProgressCallback` print one JSON
-  object per entry instead (`{"step": 10, "loss": 4.63, ...}`), readable and parseable.
+- Progress bars only on a terminal: a log file keeps tqdm's redraws as hundreds of half-lines. The bars
+  for loading and writing weights go everywhere (they flash by and, at every checkpoint, break the
+  training bar).
+- Log entries as numbers: one JSON object per entry (`{"step": 10, "loss": 4.63, ...}`), where the
+  Trainer's printer and progress callbacks print floats as strings (`'loss': '4.63'`).
 - No pinned memory without an accelerator: torch would warn that it cannot pin anything.
-- One line per log record: transformers' loggers have their own handler and, where the `CI`
-  variable is set, pass each record on to the root logger's as well; `configure_logging` keeps it
-  to theirs, so no line is printed twice.
-- Held log records: `held_records` keeps a library's message back while a block runs, so the
-  caller can decide whether it is worth showing (qa.model: transformers' LOAD REPORT table).
+- One line per log record: where `CI` is set, transformers' loggers pass each record on to the root
+  logger's handler as well as their own; `configure_logging` keeps it to theirs.
 """
-import contextlib
 import json
 import logging
 import math
-import re
 import sys
 
+import torch
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+from transformers.utils import logging as transformers_logging
 
 logger = logging.getLogger(__name__)
-
-_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def is_terminal(stream=None) -> bool:
-    stream = sys.stderr if stream is None else stream
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # closed, or not a real stream
-        return False
-
-
-def _accelerator_available() -> bool:
-    import torch
-
-    accelerator = getattr(torch, "accelerator", None)
-    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
 
 
 def configure_output(training_args, explicit: set, terminal=None) -> None:
     """Sets the progress bars and memory pinning for where the output goes (see the module
     docstring). `explicit`: the argument names the user gave, which are kept as given."""
     import datasets
-    from transformers.utils import logging as transformers_logging
 
-    terminal = is_terminal() if terminal is None else terminal
+    if terminal is None:
+        terminal = sys.stderr is not None and sys.stderr.isatty()
     if "disable_tqdm" not in explicit:
         training_args.disable_tqdm = not terminal
     if training_args.disable_tqdm:
         datasets.disable_progress_bars()
     transformers_logging.disable_progress_bar()
-    if training_args.dataloader_pin_memory and not _accelerator_available():
+    if training_args.dataloader_pin_memory and not torch.accelerator.is_available():
         # Pinning is for copies to an accelerator; without one torch pins nothing and warns.
         if "dataloader_pin_memory" in explicit:
             logger.info("dataloader_pin_memory: no GPU or other accelerator here, so there is nothing to pin for; off")
@@ -67,23 +44,16 @@ def configure_logging(verbose: bool) -> None:
     """The run's log format and level (INFO when `verbose`), for its own loggers and the
     libraries' that have none of their own. transformers keeps its handler (its level follows
     the Trainer's --log_level) and no longer propagates (see the module docstring)."""
-    from transformers.utils import logging as transformers_logging
-
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         level=logging.INFO if verbose else logging.WARNING)
     transformers_logging.disable_propagation()
 
 
-def _number(value):
-    if isinstance(value, float) and math.isfinite(value):
-        return float(f"{value:.4g}")  # 4 significant digits, still a number
-    return value
-
-
 def format_log(logs: dict, step=None) -> str:
     """A Trainer log entry as one JSON line, numbers as numbers (4 significant digits)."""
     entry = {} if step is None else {"step": step}
-    entry.update((k, _number(v)) for k, v in logs.items() if k != "total_flos")
+    entry.update((k, float(f"{v:.4g}") if isinstance(v, float) and math.isfinite(v) else v)
+                 for k, v in logs.items() if k != "total_flos")
     return json.dumps(entry, default=str)
 
 
@@ -121,38 +91,3 @@ def replace_log_printer(trainer, callback) -> bool:
         return False
     trainer.add_callback(callback)
     return True
-
-
-@contextlib.contextmanager
-def held_records(logger_name: str, contains: str):
-    """While the block runs, the records of logger `logger_name` whose message contains
-    `contains` are held back in the list it yields instead of being shown; `release` shows them.
-    A block that fails shows them itself, once the hold is lifted: they explain the error (shown
-    while the hold is on, each one would be held again, and released again, without end)."""
-    held = []
-
-    class _Hold(logging.Filter):
-        def filter(self, record):
-            if contains in record.getMessage():
-                held.append(record)
-                return False
-            return True
-
-    target, hold = logging.getLogger(logger_name), _Hold()
-    target.addFilter(hold)
-    try:
-        yield held
-    except BaseException:
-        target.removeFilter(hold)
-        release(held)
-        raise
-    target.removeFilter(hold)
-
-
-def release(records, terminal=None) -> None:
-    """Shows held records as they would have been shown, without escape codes off a terminal."""
-    terminal = is_terminal() if terminal is None else terminal
-    for record in records:
-        if not terminal:
-            record.msg, record.args = _ESCAPE.sub("", record.getMessage()), None
-        logging.getLogger(record.name).handle(record)

@@ -8,22 +8,21 @@ passes it) adds `CommunicationMeasurement`, whose record joins train_results.jso
 - Exposed communication: forward + backward of the real model on a training batch with the
   gradient synchronisation on and off, alternated; the difference of the medians is what the
   overlap with backward does not hide. The passes run as training steps do
-  (qa.training.trial_steps), so training then goes on exactly as it would have without them.
+  (qa.training.compile), so training then goes on exactly as it would have without them.
 """
 import contextlib
+import logging
 import os
 import socket
 import statistics
 import time
 
-import logging
-
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from qa.training.compile import collate_rows, forward_backward, rng_kept
 from qa.training.flops import gradient_size
-from qa.training.trial_steps import collate_rows, forward_backward, rng_kept
 from scaling.bandwidth import GB, busbw_from_algbw
 
 logger = logging.getLogger(__name__)
@@ -131,7 +130,7 @@ def training_batch(trainer) -> dict:
 def exposed_communication(trainer, model, batch: dict, device, repeats=STEP_REPEATS) -> dict:
     """Median forward + backward time with the gradient synchronisation on and off (one warm-up
     of each first, then alternated), each repeat timed as its slowest rank; nothing stepped.
-    Each pass runs as a training step runs (qa.training.trial_steps.forward_backward: training mode), so a
+    Each pass runs as a training step runs (qa.training.compile.forward_backward: training mode), so a
     compiled model reuses the training graphs instead of compiling evaluation-mode ones."""
     def step(sync: bool) -> float:
         def run():

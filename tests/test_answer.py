@@ -48,9 +48,9 @@ def same_as_predict(answers, predicted_dir, contexts, top_k=TOP_K):
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from qa.model import build_tiny_bert
+    from qa.model import TINY_BERT_SHAPE, build_random_bert
 
-    return build_tiny_bert(tmp_path_factory.mktemp("models") / "tiny")
+    return build_random_bert(tmp_path_factory.mktemp("models") / "tiny", TINY_BERT_SHAPE)
 
 
 @pytest.fixture(params=[(False, False), (True, True)], ids=["dynamic padding, v1.1", "padded, v2.0"])

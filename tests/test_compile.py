@@ -1,7 +1,7 @@
 """No compilation inside a timed window: the telemetry counts the compilations between the ends
 of its window (torch's counters), an unpadded batch no longer recompiles the regionally compiled
-layers (they always see an attention mask: qa.training.attention), and the compile warm-up compiles every
-batch shape before training without changing what training does (qa.training.trial_steps).
+layers (they always see an attention mask), and the compile warm-up compiles every batch shape before
+training without changing what training does (all in qa.training.compile).
 
 The compiled runs take 30-90 s each on 2 cores; QA_TEST_COMPILE=0 skips them."""
 import json
@@ -59,7 +59,7 @@ def test_sdpa_with_mask_computes_what_sdpa_computes(tmp_path):
     import torch
 
     from qa.args import ModelArguments
-    from qa.training.attention import SDPA_WITH_MASK
+    from qa.training.compile import SDPA_WITH_MASK
     from qa.model import load_model_and_tokenizer
 
     tok = minilm_tokenizer()
@@ -111,7 +111,7 @@ def test_compile_warm_up_compiles_every_width_before_the_window(tmp_path):
 
 
 def test_batch_shapes_cover_every_bucket():
-    from qa.training.trial_steps import batch_shapes
+    from qa.training.compile import batch_shapes
 
     lengths = [10, 70, 12, 90, 15, 65, 40]
     shapes = batch_shapes(lengths, 3, width_of=lambda n: -(-n // 32) * 32, last_batch=1)
@@ -131,7 +131,7 @@ def test_compile_warm_up_leaves_training_unchanged(tmp_path):
     from qa.data.collate import BucketPaddingCollator
     from qa.data.features import prepare_train_features
     from qa.model import load_model_and_tokenizer
-    from qa.training.trial_steps import CompileWarmupCallback
+    from qa.training.compile import CompileWarmupCallback
     from trainer_qa import QuestionAnsweringTrainer
 
     tok = minilm_tokenizer()
@@ -179,7 +179,7 @@ def test_a_failed_compilation_runs_eagerly_and_says_so_in_one_line(backend, capl
     pass unless told otherwise."""
     import torch
 
-    from qa.model import compile_outcome, fall_back_when_compile_fails
+    from qa.training.compile import compile_outcome, fall_back_when_compile_fails
 
     torch._dynamo.reset()
     fall_back_when_compile_fails()

@@ -80,7 +80,7 @@ def test_compile_settings_reach_accelerate(monkeypatch):
     import torch._dynamo
     from accelerate.utils import TorchDynamoPlugin
 
-    from qa.model import STATIC_RECOMPILE_LIMIT, configure_compile
+    from qa.training.compile import STATIC_RECOMPILE_LIMIT, configure_compile
 
     for var in ("ACCELERATE_DYNAMO_USE_DYNAMIC", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"):
         monkeypatch.delenv(var, raising=False)

@@ -12,8 +12,7 @@ from qa.evaluation import metric
 from qa.data.files import WHAT
 from qa.data.normalise import table_from_document
 from qa.io import read_json
-from qa.evaluation.metric import (
-    normalize_answer, scores_from_examples, squad_scores, squad_v1_scores, squad_v2_scores)
+from qa.evaluation.metric import normalize_answer, scores_from_examples
 from tests.helpers import DEV_SET as DEV_V11
 
 
@@ -30,6 +29,18 @@ def flat(dataset):
     return [{"id": qa["id"], "answers": {"text": [a["text"] for a in qa["answers"]],
                                          "answer_start": [a["answer_start"] for a in qa["answers"]]}}
             for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+
+
+def squad_scores(dataset, predictions, version_2, **kwargs):
+    return scores_from_examples(flat(dataset), predictions, version_2, **kwargs)
+
+
+def squad_v1_scores(dataset, predictions):
+    return squad_scores(dataset, predictions, False)
+
+
+def squad_v2_scores(dataset, predictions, **kwargs):
+    return squad_scores(dataset, predictions, True, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,9 +195,6 @@ def test_v2_no_answer_probabilities():
     assert (result["exact"], result["f1"]) == pytest.approx((75.0, 75.0))
     assert (result["HasAns_f1"], result["NoAns_exact"]) == pytest.approx((50.0, 100.0))
 
-    with pytest.raises(metric.InputError, match="no probability for question 'qD'"):
-        squad_v2_scores(NA_DATA, NA_PREDS, na_probs={"qA": 0.1, "qB": 0.8, "qC": 0.9})
-
 
 def test_v2_best_threshold_with_a_missing_prediction():
     # qE is unanswerable and unpredicted: it never counts as a correct "no answer", so the walk
@@ -200,20 +208,12 @@ def test_v2_best_threshold_with_a_missing_prediction():
     assert (result["best_f1"], result["best_f1_thresh"]) == pytest.approx((70.0, 0.8))
 
 
-# --------------------------------------------------------------------------------------------
-# Flat examples and dispatch
-# --------------------------------------------------------------------------------------------
+def test_a_datasets_table_gives_identical_numbers():
+    from datasets import Dataset
 
-def test_flat_examples_give_identical_numbers():
-    assert scores_from_examples(flat(V1_DATA), V1_PREDS, False) == squad_v1_scores(V1_DATA, V1_PREDS)
-    assert scores_from_examples(flat(V2_DATA), V2_PREDS, True) == squad_v2_scores(V2_DATA, V2_PREDS)
-    assert (scores_from_examples(flat(NA_DATA), NA_PREDS, True, na_probs=NA_PROBS, na_prob_thresh=0.5)
-            == squad_v2_scores(NA_DATA, NA_PREDS, na_probs=NA_PROBS, na_prob_thresh=0.5))
-
-
-def test_squad_scores_dispatches():
-    assert squad_scores(V1_DATA, V1_PREDS, False) == squad_v1_scores(V1_DATA, V1_PREDS)
-    assert squad_scores(V2_DATA, V2_PREDS, True) == squad_v2_scores(V2_DATA, V2_PREDS)
+    for data, preds, v2 in ((V1_DATA, V1_PREDS, False), (V2_DATA, V2_PREDS, True)):
+        table = Dataset.from_list(flat(data))
+        assert scores_from_examples(table, preds, v2) == squad_scores(data, preds, v2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,6 +234,11 @@ def run_cli(capsys, *argv):
     code = metric.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def test_cli_help_exits_0(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0 and out.startswith("usage: python -m qa.evaluation.metric ") and "dataset_file" in out
 
 
 @pytest.mark.parametrize("compress", [False, True])
@@ -418,7 +423,6 @@ def test_dev_first_gold_scores_100(dev):
     assert not is_squad_v2(dev)
     preds = {qa["id"]: qa["answers"][0]["text"] for qa in dev_questions(dev)}
     assert squad_v1_scores(dev["data"], preds) == {"exact_match": 100.0, "f1": 100.0}
-    assert scores_from_examples(flat(dev["data"]), preds, False) == {"exact_match": 100.0, "f1": 100.0}
 
 
 def simple_scores(questions, preds):

@@ -192,12 +192,3 @@ def test_help_in_process_returns_0(capsys):
     out = capsys.readouterr().out
     assert "--per_device_train_batch_size" in out
     assert out.startswith("usage: ") and "[CONFIG.json] [--ARGUMENT VALUE ...]" in out.splitlines()[0]
-
-
-@pytest.mark.parametrize("argv, status", [(["--help"], 0), (["-h"], 0), ([], 2), (["frobnicate"], 2)])
-def test_utils_qa_help_exits_0_and_a_wrong_command_2(argv, status, capsys):
-    from utils_qa import main
-
-    assert main(argv) == status
-    out, err = capsys.readouterr()
-    assert "utils_qa.py score DATASET_FILE PREDICTIONS_FILE" in (out if status == 0 else err)

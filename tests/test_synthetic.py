@@ -150,13 +150,13 @@ def test_fewer_questions_are_the_first_questions_of_more(v2):
 @pytest.mark.parametrize("v2", [False, True])
 def test_a_run_writes_the_generated_questions_it_evaluated_and_they_score(v2, tmp_path, capsys):
     """eval_data.json holds exactly the questions the run evaluated (its first --max_eval_samples),
-    and utils_qa.py score reads it as the project's own format: no version warning."""
+    and the score command reads it as the project's own format: no version warning."""
     from dataclasses import asdict
 
     from qa.args import DataArguments
     from qa.data.sources import load_raw_datasets, read_squad
     from qa.results.records import write_generated_data
-    from utils_qa import main as utils_main
+    from qa.evaluation.metric import main as score
 
     data_args = DataArguments(dataset_name="synthetic", synthetic_eval_examples=120, synthetic_seed=3,
                               max_eval_samples=50, version_2_with_negative=v2)
@@ -168,7 +168,7 @@ def test_a_run_writes_the_generated_questions_it_evaluated_and_they_score(v2, tm
 
     gold = {q["id"]: (q["answers"]["text"] or [""])[0] for q in evaluated}
     (tmp_path / "predictions.json").write_text(json.dumps(gold))
-    assert utils_main(["score", str(tmp_path / "eval_data.json"), str(tmp_path / "predictions.json")]) == 0
+    assert score([str(tmp_path / "eval_data.json"), str(tmp_path / "predictions.json")]) == 0
     out, err = capsys.readouterr()
     assert err == "" and json.loads(out)["exact" if v2 else "exact_match"] == 100.0
 

@@ -381,7 +381,7 @@ def test_run_callbacks_follow_the_arguments():
     from qa.training.preemption import CheckpointOnSignalCallback
     from qa.training.profiling import ProfilerCallback
     from qa.training.telemetry import TelemetryCallback
-    from qa.training.trial_steps import CompileWarmupCallback
+    from qa.training.compile import CompileWarmupCallback
 
     training_args = SimpleNamespace(output_dir="x", report_to=[])
     kinds = {k: type(c) for k, c in run_callbacks(RunArguments(profile=True), training_args).items()}

@@ -1,19 +1,13 @@
-"""Start/end logits over tokenized features (windows) into answer texts, SQuAD v1.1 and v2.0.
-
-`postprocess_qa_predictions` is vectorised with numpy (the 10,784 dev features in under a second;
-bench/bench_postprocess.py); `postprocess_qa_predictions_reference` is the plain loop of the
-well-known Hugging Face example, kept as the oracle the tests hold it to. Both: the n_best
-start/end positions per window, candidate spans inside the context and max_answer_length, ranked
-by start + end logit across a question's windows (v1.1: never empty while the context has a
-valid span), each n-best entry with its character offsets in the context; v2 adds the null answer
-and null_odds. The reference's docstring is the specification, ties and fallbacks included."""
-import collections
+"""Start/end logits over tokenized features (windows) into answer texts, SQuAD v1.1 and v2.0: the plain loop
+of the well-known Hugging Face example (tests/postprocess_reference.py, whose docstring is the specification,
+ties and fallbacks included), vectorised with numpy: the 10,784 dev features in under a second."""
 import logging
 import math
 import os
 from dataclasses import dataclass, fields
 
 import numpy as np
+import pyarrow as pa
 
 from qa.io import atomic_write_json
 
@@ -22,28 +16,21 @@ logger = logging.getLogger(__name__)
 _FALLBACK = (0.0, 0.0, 0.0, (0, 0))  # (score, start_logit, end_logit, char span): the empty answer
 
 
-# ---------------------------------------------------------------------------------------------
-# Shared helpers: reading columns, building the outputs, writing files.
-
-def _rows(table, name, rows):
-    """Column `name` of the rows `rows` only, as a list."""
-    if _is_dataset(table):
-        return table.with_format(None)[rows.tolist()][name]
-    return [table[name][r] for r in rows]
-
-
-def _is_dataset(table):
-    return hasattr(table, "with_format")  # a datasets.Dataset, without importing datasets
-
-
-def _column(table, name):
-    """A whole column as a Python list, read at once (never row by row from a datasets table)."""
-    if _is_dataset(table):
+def _column(table, name) -> list:
+    """A whole column as a list: a datasets table's read at once, never row by row."""
+    if hasattr(table, "with_format"):
         return table.with_format("arrow")[name].to_pylist()
     return list(table[name])
 
 
-def _check_inputs(ids, feature_example_ids, start_logits, end_logits, n_best_size):
+def _offsets(features) -> pa.ListArray:
+    """The offset_mapping column as one Arrow array: per feature a list of [start, end] pairs or nulls."""
+    if hasattr(features, "with_format"):
+        return features.with_format("arrow")["offset_mapping"].combine_chunks()
+    return pa.array(features["offset_mapping"], type=pa.list_(pa.list_(pa.int64())))
+
+
+def check_inputs(ids, feature_example_ids, start_logits, end_logits, n_best_size) -> None:
     if n_best_size < 1:
         raise ValueError(f"n_best_size must be at least 1, got {n_best_size}")
     n = len(feature_example_ids)
@@ -52,44 +39,20 @@ def _check_inputs(ids, feature_example_ids, start_logits, end_logits, n_best_siz
                          f"{start_logits.shape} and {end_logits.shape}")
     unknown = set(feature_example_ids) - set(ids)
     if unknown:
-        raise ValueError(f"{len(unknown)} feature(s) belong to no example, e.g. example_id "
-                         f"{next(iter(unknown))!r}")
+        raise ValueError(f"{len(unknown)} feature(s) belong to no example, e.g. example_id {next(iter(unknown))!r}")
 
 
-def _finish(context, ranked, null_score, version_2_with_negative, threshold):
-    """(prediction, n-best entries, null_odds) of one question.
-
-    `ranked`: its n-best as (score, start_logit, end_logit, span) tuples of Python floats, best
-    first, where span is a (char_start, char_end) pair, or None for the null answer.
-    """
-    best = next((c for c in ranked if c[3] is not None), None)
-    if best is None:
-        best = _FALLBACK
-        ranked = sorted(ranked + [best], key=lambda c: -c[0])
-    top = max(c[0] for c in ranked)
-    exps = [math.exp(c[0] - top) for c in ranked]
-    total = sum(exps)
-    # Where each answer is in the context (characters, end excluded; None for the null answer): a
-    # text can occur more than once, and a user of the answers needs to know which one was meant.
-    nbest = [{"text": "" if span is None else context[span[0]:span[1]],
-              "answer_start": None if span is None else span[0], "answer_end": None if span is None else span[1],
-              "probability": x / total, "start_logit": s, "end_logit": e}
-             for (_, s, e, span), x in zip(ranked, exps)]
-    best_text = context[best[3][0]:best[3][1]]
-    if not version_2_with_negative:
-        return best_text, nbest, None
-    odds = (0.0 if null_score is None else null_score) - best[0]
-    return ("" if odds > threshold else best_text), nbest, odds
+def warn_featureless(ids, featureless) -> None:
+    missing = [i for i, none in zip(ids, featureless) if none]
+    if missing:
+        logger.warning("%d example(s) have no features, so an empty prediction (e.g. %r): were "
+                       "some windows dropped?", len(missing), missing[0])
 
 
 def best_valid_span(offset_rows, start_rows, end_rows, max_answer_length):
-    """The best valid span over every position of a question's windows, as a ranked entry
-    (score, start_logit, end_logit, char span), or None when no window has a context token.
-
-    SQuAD v1.1 always has an answer, and an empty one is always wrong: when no pair among the
-    n_best start and end positions is valid (a poorly trained model puts its highest logits on
-    [CLS] or the question), the answer is the best pair among all positions. Ties: the first
-    window, then the shorter span, then the earlier start."""
+    """v1.1 always has an answer: when none of the n_best pairs is valid (an undertrained model), the best
+    valid span over every position of a question's windows, as a ranked entry; None when no window has a
+    context token. Ties: the first window, the shorter span, the earlier start."""
     best = None
     for offsets, start, end in zip(offset_rows, start_rows, end_rows):
         n = min(len(offsets), len(start))
@@ -104,140 +67,62 @@ def best_valid_span(offset_rows, start_rows, end_rows, max_answer_length):
     return best
 
 
-def _warn_featureless(ids, featureless):
-    missing = [i for i, none in zip(ids, featureless) if none]
-    if missing:
-        logger.warning("%d example(s) have no features, so an empty prediction (e.g. %r): were "
-                       "some windows dropped?", len(missing), missing[0])
+def finish(context, ranked, null_score, version_2_with_negative, threshold):
+    """(prediction, n-best entries, null_odds) of one question from its n-best `ranked`: (score,
+    start_logit, end_logit, (char_start, char_end) or None for the null answer) tuples, best first."""
+    best = next((c for c in ranked if c[3] is not None), None)
+    if best is None:
+        best = _FALLBACK
+        ranked = sorted(ranked + [best], key=lambda c: -c[0])
+    top = max(c[0] for c in ranked)
+    exps = [math.exp(c[0] - top) for c in ranked]
+    total = sum(exps)
+    # Where in the context (characters, end excluded): a text can occur more than once.
+    nbest = [{"text": "" if span is None else context[span[0]:span[1]],
+              "answer_start": None if span is None else span[0], "answer_end": None if span is None else span[1],
+              "probability": x / total, "start_logit": s, "end_logit": e}
+             for (_, s, e, span), x in zip(ranked, exps)]
+    best_text = context[best[3][0]:best[3][1]]
+    if not version_2_with_negative:
+        return best_text, nbest, None
+    odds = (0.0 if null_score is None else null_score) - best[0]
+    return ("" if odds > threshold else best_text), nbest, odds
 
 
-def _collect(ids, outputs, version_2_with_negative, output_dir, prefix):
+def collect(ids, outputs, version_2_with_negative, output_dir, prefix):
+    """(predictions, nbest, null_odds) keyed by example id, written to output_dir when given."""
     predictions = {i: out[0] for i, out in zip(ids, outputs)}
     nbest = {i: out[1] for i, out in zip(ids, outputs)}
     null_odds = {i: out[2] for i, out in zip(ids, outputs)} if version_2_with_negative else None
     if output_dir is not None:
-        def path(name):
-            return os.path.join(output_dir, name if prefix is None else f"{prefix}_{name}")
-        atomic_write_json(path("predictions.json"), predictions, indent=4)
-        atomic_write_json(path("nbest_predictions.json"), nbest, indent=4)
-        if version_2_with_negative:
-            atomic_write_json(path("null_odds.json"), null_odds, indent=4)
+        values = (predictions, nbest, null_odds) if version_2_with_negative else (predictions, nbest)
+        for name, value in zip(("predictions.json", "nbest_predictions.json", "null_odds.json"), values):
+            atomic_write_json(os.path.join(output_dir, name if prefix is None else f"{prefix}_{name}"), value, indent=4)
     return predictions, nbest, null_odds
 
 
-# ---------------------------------------------------------------------------------------------
-# The reference: plain loops over features, start positions and end positions.
+def _offset_gather(column):
+    """(lengths, gather) for the offsets: gather(idx, side) gives, for token idx[f, r] of each feature f,
+    its start (side 0) or end (side 1) character and whether it is a context token, both shaped like idx.
+    Positions past a feature's end are not context. No Python object per token."""
+    lengths = column.value_lengths().fill_null(0).to_numpy()
+    tokens = column.flatten()  # one entry per token: a [start, end] list, or null
+    sizes = tokens.value_lengths().fill_null(0).to_numpy()
+    values = np.append(tokens.flatten().to_numpy(), [-1, -1])
+    first = np.minimum(np.cumsum(sizes) - sizes, len(values) - 2)
+    chars = [np.append(values[first], -1), np.append(values[first + 1], -1)]
+    is_context = np.append(tokens.is_valid().to_numpy(zero_copy_only=False), False)
+    row_start = np.cumsum(lengths) - lengths
 
-def postprocess_qa_predictions_reference(examples, features, all_start_logits, all_end_logits, *,
-                                         version_2_with_negative=False, n_best_size=20,
-                                         max_answer_length=30, null_score_diff_threshold=0.0,
-                                         output_dir=None, prefix=None):
-    """The plain loop version of `postprocess_qa_predictions` (same arguments, same results),
-    and the specification both follow.
-
-    Per window: the `n_best_size` highest start and end positions among its first
-    `len(offset_mapping)` tokens (ties: lower position first); a (start, end) pair is a candidate
-    when both are context tokens (offset not None), end >= start and end - start + 1 <=
-    max_answer_length; score start_logit + end_logit, text context[offsets[start][0]:
-    offsets[end][1]]. A question's candidates from all its windows are ranked by score (ties:
-    window order, then start rank, then end rank) and the best `n_best_size` kept.
-    SQuAD v2: the null score is the smallest start_logits[0] + end_logits[0] over the question's
-    windows; a "" entry with it joins the n-best (after candidates of equal score, kept even below
-    the top n_best_size); null_odds = null score - best non-null score, and the prediction is ""
-    when null_odds > null_score_diff_threshold. SQuAD v1.1: a question with no valid pair among
-    those positions gets the best valid span over all positions of its windows (best_valid_span).
-    SQuAD v2 without a valid span, or a question without any window (with a warning), is answered
-    "" with the fallback entry {"text": "", score 0}, which also stands as its best non-null score
-    in null_odds.
-    """
-    ids, contexts = _column(examples, "id"), _column(examples, "context")
-    feature_example_ids = _column(features, "example_id")
-    offsets = _column(features, "offset_mapping")
-    all_start_logits, all_end_logits = np.asarray(all_start_logits), np.asarray(all_end_logits)
-    _check_inputs(ids, feature_example_ids, all_start_logits, all_end_logits, n_best_size)
-    features_of = collections.defaultdict(list)
-    for f, example_id in enumerate(feature_example_ids):
-        features_of[example_id].append(f)
-    _warn_featureless(ids, [not features_of[i] for i in ids])
-
-    def top(logits):  # positions of the n_best_size highest logits, ties by position
-        return np.argsort(-logits, kind="stable")[:n_best_size]
-
-    outputs = []
-    for example_id, context in zip(ids, contexts):
-        candidates, null = [], None
-        for f in features_of[example_id]:
-            n = min(len(offsets[f]), all_start_logits.shape[1])
-            start_logits, end_logits = all_start_logits[f][:n], all_end_logits[f][:n]
-            if null is None or start_logits[0] + end_logits[0] < null[0]:
-                null = (float(start_logits[0] + end_logits[0]), float(start_logits[0]),
-                        float(end_logits[0]), None)
-            for s in top(start_logits):
-                for e in top(end_logits):
-                    if offsets[f][s] is None or offsets[f][e] is None:
-                        continue
-                    if e < s or e - s + 1 > max_answer_length:
-                        continue
-                    candidates.append((float(start_logits[s] + end_logits[e]),
-                                       float(start_logits[s]), float(end_logits[e]),
-                                       (offsets[f][s][0], offsets[f][e][1])))
-        if version_2_with_negative and null is not None:
-            candidates.append(null)
-        ranked = sorted(candidates, key=lambda c: -c[0])[:n_best_size]  # stable: ties keep order
-        if not version_2_with_negative and not ranked and features_of[example_id]:
-            rows = features_of[example_id]
-            found = best_valid_span([offsets[f] for f in rows], all_start_logits[rows], all_end_logits[rows],
-                                    max_answer_length)
-            ranked = [found] if found else []
-        if version_2_with_negative and null is not None and not any(c[3] is None for c in ranked):
-            ranked.append(null)
-        outputs.append(_finish(context, ranked, null and null[0], version_2_with_negative,
-                               null_score_diff_threshold))
-    return _collect(ids, outputs, version_2_with_negative, output_dir, prefix)
-
-
-# ---------------------------------------------------------------------------------------------
-# The vectorised version.
-
-def _read_offsets(features):
-    """(lengths, gather) for the offset_mapping column, read whole.
-
-    lengths[f] is len(offset_mapping[f]). gather(idx, side) gives, for the token idx[f, r] of each
-    feature f, offset_mapping[f][idx[f, r]][side] (side 0: start char, 1: end char) and whether it
-    is a context token; both arrays are shaped like idx. Positions past the end are not context.
-    """
-    if _is_dataset(features):  # Arrow to numpy: no Python object per token
-        column = features.with_format("arrow")["offset_mapping"].combine_chunks()
-        lengths = column.value_lengths().fill_null(0).to_numpy()
-        tokens = column.flatten()  # one entry per token: a [start, end] list, or null
-        sizes = tokens.value_lengths().fill_null(0).to_numpy()
-        values = np.append(tokens.flatten().to_numpy(), [-1, -1])
-        first = np.minimum(np.cumsum(sizes) - sizes, len(values) - 2)
-        chars = [np.append(values[first], -1), np.append(values[first + 1], -1)]
-        is_context = np.append(tokens.is_valid().to_numpy(zero_copy_only=False), False)
-        row_start = np.cumsum(lengths) - lengths
-
-        def gather(idx, side):
-            token = np.where(idx < lengths[:, None], row_start[:, None] + idx, len(is_context) - 1)
-            return chars[side][token], is_context[token]
-        return lengths, gather
-
-    column = features["offset_mapping"]
-    lengths = np.fromiter(map(len, column), dtype=np.int64, count=len(column))
-
-    def gather(idx, side):  # only the selected tokens are touched
-        inside = idx < lengths[:, None]
-        pairs = []
-        for offsets, row in zip(column, np.minimum(idx, lengths[:, None] - 1).tolist()):
-            pairs.extend(map(offsets.__getitem__, row) if len(offsets) else [None] * len(row))
-        chars = np.array([-1 if p is None else p[side] for p in pairs], dtype=np.int64)
-        return chars.reshape(idx.shape), (chars >= 0).reshape(idx.shape) & inside
+    def gather(idx, side):
+        token = np.where(idx < lengths[:, None], row_start[:, None] + idx, len(is_context) - 1)
+        return chars[side][token], is_context[token]
     return lengths, gather
 
 
 def _top_positions(logits, lengths, k):
-    """Per row, the positions of the k highest logits among the first lengths[f], best first,
-    ties by position: np.argsort(-row[:length], kind="stable")[:k] for every row at once."""
+    """Per row, the positions of the k highest logits among the first lengths[f], best first, ties by
+    position: np.argsort(-row[:length], kind="stable")[:k] for every row at once."""
     n, seq_len = logits.shape
     if (lengths < seq_len).any():
         logits = np.where(np.arange(seq_len) >= lengths[:, None], -np.inf, logits)
@@ -257,32 +142,27 @@ def _top_positions(logits, lengths, k):
 
 def _group_starts(sorted_keys):
     """Positions where a new group begins in a sorted array."""
-    if len(sorted_keys) == 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    return np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]) if len(sorted_keys) else sorted_keys
 
 
 def postprocess_qa_predictions(examples, features, all_start_logits, all_end_logits, *,
                                version_2_with_negative=False, n_best_size=20, max_answer_length=30,
                                null_score_diff_threshold=0.0, output_dir=None, prefix=None):
-    """Answer texts from start/end logits: (predictions, nbest, null_odds) keyed by example id.
-
-    examples: datasets.Dataset or dict of lists with `id` and `context`. features: datasets.Dataset
-    or dict of lists with `example_id` and `offset_mapping` (None for non-context tokens).
-    all_start_logits, all_end_logits: arrays (n_features, seq_len). null_odds is None for SQuAD v1.
-    With `output_dir`, writes [prefix_]predictions.json, [prefix_]nbest_predictions.json and, for
-    v2, [prefix_]null_odds.json there, atomically. See the module docstring for the algorithm.
-    """
+    """(predictions, nbest, null_odds) keyed by example id; null_odds is None for SQuAD v1.1. examples,
+    features: datasets.Dataset or dict of lists with `id` and `context`, `example_id` and `offset_mapping`
+    (None for non-context tokens); logits (n_features, seq_len). With `output_dir`, writes
+    [prefix_]predictions.json, [prefix_]nbest_predictions.json and, for v2, [prefix_]null_odds.json there."""
     ids, contexts = _column(examples, "id"), _column(examples, "context")
     feature_example_ids = _column(features, "example_id")
     start, end = np.asarray(all_start_logits), np.asarray(all_end_logits)
-    _check_inputs(ids, feature_example_ids, start, end, n_best_size)
+    check_inputs(ids, feature_example_ids, start, end, n_best_size)
     position = {example_id: x for x, example_id in enumerate(ids)}
     example_of = np.array([position[i] for i in feature_example_ids], dtype=np.int64)
     n_features, seq_len = start.shape
-    lengths, gather = _read_offsets(features)
+    offsets = _offsets(features)
+    lengths, gather = _offset_gather(offsets)
     lengths = np.minimum(lengths, seq_len)
-    _warn_featureless(ids, np.bincount(example_of, minlength=len(ids)) == 0)
+    warn_featureless(ids, np.bincount(example_of, minlength=len(ids)) == 0)
 
     # The n_best_size best start and end positions of every feature and their offsets.
     k = n_best_size
@@ -332,18 +212,17 @@ def postprocess_qa_predictions(examples, features, all_start_logits, all_end_log
             if at < k:
                 ranked = ranked[:k]
         elif not version_2_with_negative and not ranked and (rows := np.flatnonzero(example_of == x)).size:
-            found = best_valid_span(_rows(features, "offset_mapping", rows), start[rows], end[rows],
+            found = best_valid_span([offsets[int(r)].as_py() for r in rows], start[rows], end[rows],
                                     max_answer_length)
             ranked = [found] if found else []
-        outputs.append(_finish(context, ranked, null and null[0], version_2_with_negative,
-                               null_score_diff_threshold))
-    return _collect(ids, outputs, version_2_with_negative, output_dir, prefix)
+        outputs.append(finish(context, ranked, null and null[0], version_2_with_negative, null_score_diff_threshold))
+    return collect(ids, outputs, version_2_with_negative, output_dir, prefix)
 
 
 @dataclass(frozen=True)
 class PostProcessing:
-    """The settings that turn logits into answers, and the function that applies them: all that
-    the QA Trainer needs to know of the run's data arguments."""
+    """The settings that turn logits into answers, and the function that applies them: all that the QA
+    Trainer needs to know of the run's data arguments."""
     version_2_with_negative: bool = False
     n_best_size: int = 20
     max_answer_length: int = 30
@@ -354,7 +233,6 @@ class PostProcessing:
         return cls(**{f.name: getattr(data_args, f.name) for f in fields(cls)})
 
     def __call__(self, examples, features, start_logits, end_logits, output_dir=None, prefix=None):
-        """-> (predictions, nbest, null_odds) as postprocess_qa_predictions."""
         return postprocess_qa_predictions(
             examples, features, start_logits, end_logits, version_2_with_negative=self.version_2_with_negative,
             n_best_size=self.n_best_size, max_answer_length=self.max_answer_length,

@@ -153,7 +153,7 @@ def generated_data_files(cfg: dict) -> dict:
 
 
 def write_generated_data(output_dir, cfg: dict) -> None:
-    """The generated questions the run evaluated or predicted on, as SQuAD JSON for `utils_qa.py score`."""
+    """The generated questions the run evaluated or predicted on, as SQuAD JSON for `bert-squad-score`."""
     for split, (name, questions) in generated_data_files(cfg).items():
         squad = synthetic_squad(split, questions, cfg["synthetic_seed"], cfg["version_2_with_negative"])
         atomic_write_json(Path(output_dir) / name, squad, indent=None)

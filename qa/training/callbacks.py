@@ -6,10 +6,10 @@ import os
 from qa.communication import DDPCompressionHook, set_fsdp_reduce_dtype
 from qa.console import log_lines_callback, replace_log_printer
 from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
+from qa.training.compile import CompileWarmupCallback
 from qa.training.preemption import CheckpointOnSignalCallback
 from qa.training.profiling import ProfilerCallback
 from qa.training.telemetry import TelemetryCallback
-from qa.training.trial_steps import CompileWarmupCallback
 
 logger = logging.getLogger(__name__)
 

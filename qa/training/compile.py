@@ -1,0 +1,191 @@
+"""How a `--torch_compile` run compiles: the settings accelerate reads, sdpa attention that always gets
+its mask, a failed compilation that falls back to eager code, and the warm-up (`--compile_warmup`): a
+pass of every batch shape before the first step, so that no compilation lands in a timed window."""
+import contextlib
+import inspect
+import itertools
+import logging
+import os
+import random
+import time
+
+import numpy as np
+import torch
+import torch._dynamo
+import torch._functorch.config
+import torch.fx.experimental._config as shapes
+from transformers import AttentionInterface, AttentionMaskInterface, TrainerCallback
+from transformers.masking_utils import sdpa_mask
+
+from qa.data.collate import feature_lengths
+from qa.errors import InputError
+from qa.training.telemetry import compile_delta, compile_stats
+
+logger = logging.getLogger(__name__)
+
+# Static graphs, one per (batch, length) shape and grad mode, need more than torch's default of 8
+# compilations per function, or the shapes past the limit silently run eagerly: 6 buckets x 2 modes x 2 batches.
+STATIC_RECOMPILE_LIMIT = 64
+SDPA_WITH_MASK = "sdpa_with_mask"
+
+
+def configure_compile(model_args) -> None:
+    """--compile_dynamic and --compile_regional, as the ACCELERATE_DYNAMO_* variables from which accelerate's
+    TorchDynamoPlugin fills the fields the Trainer leaves unset."""
+    dynamic = model_args.compile_dynamic
+    if dynamic not in ("auto", "true", "false"):
+        raise InputError(f"compile_dynamic={dynamic}", "unknown value", "use auto, true or false")
+    if dynamic != "auto":
+        os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] = dynamic
+    if model_args.compile_regional:
+        os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "true"
+    if dynamic == "false":
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
+    else:
+        # Sizes equal when traced (48 features of 48 tokens) would share one symbol ("duck sizing"),
+        # and the graph would recompile at the first batch where they differ.
+        shapes.use_duck_shape = False
+
+
+def _sdpa_mask_always(*args, **kwargs):
+    # For sdpa transformers passes no mask when nothing is padding, and a layer compiled with a mask
+    # would recompile on the first such batch (2% of SQuAD features fill 384 tokens).
+    return sdpa_mask(*args, **{**kwargs, "allow_is_bidirectional_skip": False, "allow_is_causal_skip": False})
+
+
+def keep_mask_when_compiled(model) -> None:
+    """Switches a model on sdpa to the same attention with the mask always built (`sdpa_with_mask`);
+    eager, flash and flex attention build their masks their own way and are left alone."""
+    if model.config._attn_implementation == "sdpa":
+        AttentionInterface.register(SDPA_WITH_MASK, AttentionInterface()["sdpa"])
+        AttentionMaskInterface.register(SDPA_WITH_MASK, _sdpa_mask_always)
+        model.set_attn_implementation(SDPA_WITH_MASK)
+
+
+class _CompileFailures(logging.Filter):
+    """On dynamo's logger: a compilation it gave up (a warning and its traceback) becomes one line, once."""
+
+    reason = None
+
+    def filter(self, record):
+        if record.levelno < logging.WARNING or not record.exc_info:
+            return True
+        if self.reason is None:
+            error = record.exc_info[1]
+            error = getattr(error, "inner_exception", None) or error  # the backend's own error (inductor's)
+            self.reason = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"[:300]
+            logger.warning("torch.compile failed (%s): the code it was compiling runs eagerly, the run goes on",
+                           self.reason)
+        return False
+
+
+COMPILE_FAILURES = _CompileFailures()
+
+
+def fall_back_when_compile_fails() -> None:
+    """A failed compilation leaves that code eager instead of ending the run (dynamo's suppress_errors); the
+    backward graph is compiled with the forward one, not at the first backward pass, outside that fallback."""
+    torch._dynamo.config.suppress_errors = True
+    torch._functorch.config.force_non_lazy_backward_lowering = True
+    COMPILE_FAILURES.reason = None
+    dynamo = logging.getLogger("torch._dynamo.convert_frame")
+    if COMPILE_FAILURES not in dynamo.filters:
+        dynamo.addFilter(COMPILE_FAILURES)
+
+
+def compile_outcome() -> str:
+    """For a compiled run's results: 'yes', or 'fell back: <the first failure>'."""
+    return "yes" if COMPILE_FAILURES.reason is None else f"fell back: {COMPILE_FAILURES.reason}"
+
+
+@contextlib.contextmanager
+def rng_kept():
+    """Every random generator as it was: a pass outside training must not change what training does."""
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if states[3] is not None:
+            torch.cuda.set_rng_state_all(states[3])
+
+
+def forward_backward(trainer, model, batch: dict):
+    """One forward and backward pass as Trainer.training_step runs it (so a compiled model meets the graphs
+    training uses), without an optimizer step; the loss, detached. The model's mode is put back."""
+    was_training = model.training
+    model.train()
+    try:
+        with trainer.compute_loss_context_manager():
+            loss = trainer.compute_loss(model, batch)
+        trainer.accelerator.backward(loss)
+    finally:
+        model.train(was_training)
+    return loss.detach()
+
+
+def collate_rows(trainer, indices) -> dict:
+    """Training rows `indices` (the model's forward arguments only), collated by the run's collator, where it runs."""
+    accepted = set(inspect.signature(trainer.model.forward).parameters)
+    rows = [{k: v for k, v in trainer.train_dataset[int(i)].items() if k in accepted} for i in indices]
+    return {k: v.to(trainer.args.device) for k, v in trainer.data_collator(rows).items()}
+
+
+def batch_shapes(lengths, batch_size: int, width_of, last_batch: int = 0) -> list:
+    """[(width, rows)]: one batch of each shape training can produce from features of token counts
+    `lengths`. A batch is `width_of(its longest feature)` wide (the collator's bucket); its rows come
+    from that bucket, repeated when it has fewer. `last_batch`: the epoch's last, smaller batch (0: none)."""
+    buckets = {}
+    for index, length in enumerate(lengths):
+        rows = buckets.setdefault(width_of(int(length)), [])
+        if len(rows) < batch_size:
+            rows.append(index)
+    sizes = [batch_size] + ([last_batch] if 0 < last_batch < batch_size else [])
+    return [(width, list(itertools.islice(itertools.cycle(buckets[width]), size)))
+            for width in sorted(buckets) for size in sizes]
+
+
+def training_shapes(trainer) -> list:
+    """batch_shapes of the run (a collator without buckets pads a batch to its longest feature)."""
+    args = trainer.args
+    lengths = feature_lengths(trainer.train_dataset)
+    width_of = getattr(trainer.data_collator, "target_length", lambda longest: longest)
+    # Under DDP accelerate fills every rank's last batch up to full size (even_batches): no smaller one.
+    last = 0 if args.dataloader_drop_last or args.world_size > 1 else len(lengths) % args.per_device_train_batch_size
+    return batch_shapes(lengths, args.per_device_train_batch_size, width_of, last)
+
+
+class CompileWarmupCallback(TrainerCallback):
+    """Before the first step, a pass of every batch shape training will produce; gradients are cleared and
+    random generators put back. `bind(trainer)` first."""
+
+    def __init__(self):
+        self.trainer = None
+        self.record = {}
+
+    def bind(self, trainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        started, before = time.perf_counter(), compile_stats()
+        shapes = training_shapes(trainer)
+        model = trainer.model_wrapped
+        with rng_kept():
+            for _, rows in shapes:
+                forward_backward(trainer, model, collate_rows(trainer, rows))
+            model.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - started
+        compiled = compile_delta(before, compile_stats())
+        self.record = {"compile_warmup_shapes": [[len(rows), width] for width, rows in shapes],
+                       "compile_warmup_s": round(seconds, 3),
+                       "compile_warmup_compiles": compiled.get("compiles"),
+                       "compile_warmup_recompiles": compiled.get("recompiles")}
+        logger.info("compile warm-up: %d batch shapes (batch x width) in %.1f s, %s compilations", len(shapes),
+                    seconds, compiled.get("compiles"))
+
+    def summary(self) -> dict:  # for train_results.json
+        return dict(self.record)
