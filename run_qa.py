@@ -166,7 +166,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             save_split_metrics(out, "predict", metrics)
     if main:
         compiled = {"compiled": compile_outcome()} if training_args.torch_compile else {}
-        # The wall clock from the process's start: imports are part of a job's cost too.
+        # The wall clock from the process's start (imports are part of a job's cost); /proc counts from boot.
         started = process_start(os.getpid()) / os.sysconf("SC_CLK_TCK")
         results = finish_run(out, time.clock_gettime(time.CLOCK_BOOTTIME) - started, env, compiled)
         logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
