@@ -5,51 +5,44 @@
     python run_qa.py configs/reference.json --output_dir runs/ref
     torchrun --nproc_per_node 2 run_qa.py configs/reference.json
 
-Arguments: see `python run_qa.py --help` and qa/args.py. Outputs in `output_dir`:
-all_results.json (WALL_CLOCK_SECONDS, train_runtime, samples/s, real tokens/s, F1/EM),
-train/eval/predict_results.json, environment.json, results.md, predictions.json,
-nbest_predictions.json, trainer_state.json, TensorBoard events under runs/, the model.
+Arguments: `python run_qa.py --help` and qa/args.py. What a run writes into `output_dir`: README,
+"What a run records".
 """
+import logging
+import os
+import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 
-WALL_START = time.perf_counter()  # the wall clock covers imports too: they are part of a job's cost
+import torch
+from transformers import default_data_collator, set_seed
 
-import contextlib  # noqa: E402
-import logging  # noqa: E402
-import sys  # noqa: E402
-from dataclasses import asdict  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
-from transformers import default_data_collator, set_seed  # noqa: E402
-
-from qa.data.cache import cached_features, default_cache_dir  # noqa: E402
-from qa.training.callbacks import install, run_callbacks, summary  # noqa: E402
-from qa.training.checkpoints import check_no_finished_run, checkpoint_step, find_checkpoint, run_record  # noqa: E402
-from qa.data.collate import BucketPaddingCollator, add_length_column  # noqa: E402
-from qa.config import finalize, out_of_memory, parse_args  # noqa: E402
-from qa.console import configure_logging  # noqa: E402
-from qa.data.sources import load_raw_datasets  # noqa: E402
-from qa.errors import InputError, command  # noqa: E402
-from qa.data.features import check_tokenizer, prepare_train_features, prepare_validation_features  # noqa: E402
-from qa.io import atomic_write_json  # noqa: E402
-from qa.model import check_model_and_tokenizer, load_model_and_tokenizer  # noqa: E402
-from qa.training.compile import compile_outcome  # noqa: E402
-from qa.evaluation.postprocess import PostProcessing  # noqa: E402
-from qa.training.preemption import EXIT_INTERRUPTED  # noqa: E402
-from qa.distributed import close_process_group, on_main_rank  # noqa: E402
-from qa.results.records import environment_record, finish_run, save_split_metrics, write_environment  # noqa: E402
-from qa.training.runlock import RunLock  # noqa: E402
-from qa.training.telemetry import token_stats, train_throughput  # noqa: E402
-from qa.evaluation.time_to_accuracy import first_questions  # noqa: E402
-from trainer_qa import QuestionAnsweringTrainer, attributes_set, check_trainer_contracts  # noqa: E402
+from qa.config import finalize, out_of_memory, parse_args
+from qa.console import configure_logging
+from qa.data.cache import cached_features, default_cache_dir
+from qa.data.collate import BucketPaddingCollator, add_length_column
+from qa.data.features import check_tokenizer, prepare_train_features, prepare_validation_features
+from qa.data.sources import load_raw_datasets
+from qa.distributed import close_process_group, on_main_rank
+from qa.errors import InputError, command
+from qa.evaluation.postprocess import PostProcessing
+from qa.io import atomic_write_json
+from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
+from qa.results.records import environment_record, finish_run, save_split_metrics, write_environment
+from qa.training.callbacks import install, run_callbacks, summary
+from qa.training.checkpoints import find_checkpoint, progress, run_record
+from qa.training.compile import compile_outcome
+from qa.training.preemption import EXIT_INTERRUPTED
+from qa.training.runlock import RunLock, process_start
+from qa.training.telemetry import token_stats, train_throughput
+from trainer_qa import QuestionAnsweringTrainer, evaluated_during_training
 
 logger = logging.getLogger("run_qa")
 
 
 def select_examples(dataset, limit):
-    """The first `limit` questions. Windows are made after this cut, so every kept question
-    keeps all its windows (cutting features instead drops answers and skews the metric)."""
+    """The first `limit` questions: windows are made after this cut, so every kept question keeps them all."""
     return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
 
 
@@ -68,11 +61,9 @@ def build_features(split, examples, tokenizer, data_args, training_args, cache_r
 
 def run(argv, callbacks=()):
     """`callbacks`: more for the Trainer, e.g. a benchmark's (bench/timed_run.py)."""
-    check_trainer_contracts()
     model_args, data_args, run_args, training_args, explicit = parse_args(argv)  # every setting checked
-    # Reading should_log sets up the devices and, in a distributed run, the process group that
-    # finalize (the world size) and on_main_rank below need. Logging is configured first so that
-    # finalize's notes are shown.
+    # Reading should_log sets up the devices and, in a distributed run, the process group that finalize (the
+    # world size) and on_main_rank below need. Logging is configured first so that finalize's notes are shown.
     configure_logging(training_args.should_log)
     finalize(training_args, run_args, explicit)
     splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
@@ -83,9 +74,8 @@ def run(argv, callbacks=()):
         raise InputError(f"eval_every={run_args.eval_every:g}", "evaluates during training, on the validation "
                          "split", "pass --do_eval with it, or leave --eval_every out")
 
-    # One run per output folder: rank 0 takes its lock before anything is written there, and every
-    # rank learns whether it got it. A folder the lock created is removed again if the run stops
-    # on bad input below (nothing written).
+    # One run per output folder: rank 0 takes its lock before anything is written there, every rank learns whether
+    # it got it. A folder the lock created is removed again if the run stops on bad input below (nothing written).
     lock = RunLock(training_args.output_dir)
     on_main_rank(lock.acquire)
     try:
@@ -93,24 +83,18 @@ def run(argv, callbacks=()):
         raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
         cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
         set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
-        model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root,
-                                                    training=training_args.do_train,
+        model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, training=training_args.do_train,
                                                     compile=training_args.torch_compile)
         check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
         check_model_and_tokenizer(model, tokenizer, data_args)
         limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
                   "test": data_args.max_predict_samples}
         examples = {s: select_examples(raw[s], limits[s]) for s in raw}
-        # What a checkpoint's steps mean. It must fit the one resumed; nothing a finished run wrote is overwritten
-        # by a run that trains less. Checked (and the checkpoint chosen, verified, damaged ones moved aside) once
-        # for all ranks.
-        record = None if not training_args.do_train else run_record(model.config, training_args, data_args,
-                                                                    examples["train"])
-        checkpoint = None
-        if training_args.do_train or run_args.resume == "never":
-            checkpoint = on_main_rank(lambda: find_checkpoint(training_args.output_dir, run_args.resume, record))
-        else:
-            on_main_rank(lambda: check_no_finished_run(training_args.output_dir))
+        # What a checkpoint's steps mean: it must fit the one resumed, and no run overwrites a finished one with less
+        # training. Checked (and the checkpoint chosen, verified, damaged ones moved aside) once for all ranks.
+        record = (run_record(model.config, training_args, data_args, examples["train"]) if training_args.do_train
+                  else None)
+        checkpoint = on_main_rank(lambda: find_checkpoint(training_args.output_dir, run_args.resume, record))
         return _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args,
                                    checkpoint, cache_root, record, callbacks)
     finally:
@@ -150,7 +134,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
         write_environment(out, env)
 
     if training_args.do_train:
-        with evaluated_during_training(trainer, run_args):
+        with evaluated_during_training(trainer, run_args.eval_every_questions):
             try:
                 result = trainer.train(resume_from_checkpoint=checkpoint)
             except torch.OutOfMemoryError as err:  # one line and its status; the checkpoints stay as they are
@@ -165,7 +149,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             return EXIT_INTERRUPTED
         # Nothing trained: resumed at the end of a training that had ended, to evaluate it (a job stopped during
         # its final evaluation; qa.training.checkpoints.check_resume). That training's records stay as they are.
-        if checkpoint is None or result.global_step > checkpoint_step(checkpoint):
+        if checkpoint is None or result.global_step > progress(checkpoint)[0]:
             trainer.save_model()
             metrics = dict(result.metrics)
             metrics.update(train_throughput(metrics, train_stats, len(examples["train"])))
@@ -187,25 +171,12 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             save_split_metrics(out, "predict", metrics)
     if main:
         compiled = {"compiled": compile_outcome()} if training_args.torch_compile else {}
-        results = finish_run(out, time.perf_counter() - WALL_START, env, compiled)
+        # The wall clock from the process's start (imports are part of a job's cost); /proc counts from boot.
+        started = process_start(os.getpid()) / os.sysconf("SC_CLK_TCK")
+        results = finish_run(out, time.clock_gettime(time.CLOCK_BOOTTIME) - started, env, compiled)
         logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
     close_process_group()
     return 0
-
-
-@contextlib.contextmanager
-def evaluated_during_training(trainer, run_args):
-    """With --eval_every_questions, the evaluations during training take the first N validation
-    questions (else all of them); the final evaluation takes them all again."""
-    if run_args.eval_every_questions is None:
-        yield
-        return
-    examples, features = first_questions(trainer.eval_examples, trainer.eval_dataset, run_args.eval_every_questions)
-    with attributes_set(trainer, eval_examples=examples, eval_dataset=features):
-        yield
-    # Internal: with persistent workers the Trainer keeps its eval DataLoader under "eval" whatever the
-    # dataset, so the subset's loader would feed the final evaluation (fewer logits than features).
-    getattr(trainer, "_eval_dataloaders", {}).pop("eval", None)
 
 
 @command

@@ -8,99 +8,24 @@ gathered logits and so ends with the same metrics: `load_best_model_at_end` with
 alone leaves the other ranks without `eval_f1` (the failure of the well-known example).
 Only the main process writes prediction files. The other overrides keep evaluation in order,
 length grouping cheap, checkpoints marked complete and the final save atomic; each says why.
+tests/test_transformers_range.py checks the Trainer internals they rely on over the supported range.
 """
 import contextlib
-import inspect
-import logging
 import math
 import os
 import shutil
 import time
 
-import transformers
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
-from transformers.trainer_utils import EvalLoopOutput, rotate_checkpoints, speed_metrics
+from transformers.trainer_utils import rotate_checkpoints, speed_metrics
 
 from qa.training.checkpoints import COMPLETE_MARKER, write_marker
-from qa.errors import InputError
 from qa.io import give_new_file_modes
 from qa.evaluation.metric import scores_from_examples
 from qa.evaluation.postprocess import PostProcessing
+from qa.evaluation.time_to_accuracy import first_questions
 from qa.training.compile import rng_kept
-
-logger = logging.getLogger(__name__)
-
-# The releases this file was run against (tests/test_transformers_range.py runs the oldest; the
-# suite runs the newest, requirements.txt's pin).
-TESTED_TRANSFORMERS = ("5.17", "5.23")
-
-
-def _params(fn) -> list:
-    return list(inspect.signature(fn).parameters)
-
-
-def _uses(fn, text: str) -> bool:
-    """Whether `fn`'s source contains `text`: the Trainer still reaches the internal that an
-    override below replaces (`self._get_train_sampler`), or reads the setting it relies on."""
-    try:
-        return text in inspect.getsource(fn)
-    except (OSError, TypeError):  # no source (a compiled or generated function): cannot vouch for it
-        return False
-
-
-def trainer_contracts(trainer_cls=Trainer) -> list:
-    """What QuestionAnsweringTrainer relies on in transformers' Trainer, as (what, holds) pairs.
-
-    The overrides below replace or call Trainer methods (two of them internal: _get_train_sampler,
-    _save_checkpoint): a release that renamed one, changed its parameters, or stopped calling it
-    would run without any error and silently lose what the override does (the length column, the
-    evaluation order, the completion marker). Each entry checks one such fact, read from the
-    installed classes and functions; none builds a model."""
-    t, args = trainer_cls, TrainingArguments.__dataclass_fields__
-    return [
-        ("Trainer.log(logs, start_time)", _params(t.log)[1:3] == ["logs", "start_time"]),
-        ("Trainer._get_train_sampler(train_dataset), called by get_train_dataloader",
-         _params(t._get_train_sampler)[1:] == ["train_dataset"]
-         and _uses(t.get_train_dataloader, "self._get_train_sampler")),
-        ("Trainer.get_eval_dataloader(eval_dataset) and get_test_dataloader(test_dataset), choosing the sampler "
-         "when called",
-         _params(t.get_eval_dataloader)[1:] == ["eval_dataset"]
-         and _params(t.get_test_dataloader)[1:] == ["test_dataset"]
-         and _uses(t.get_eval_dataloader, "self._get_eval_sampler")
-         and _uses(t.get_test_dataloader, "self._get_eval_sampler")),
-        ("Trainer._save_checkpoint(model, trial), rotating by args.save_total_limit",
-         _params(t._save_checkpoint)[1:] == ["model", "trial"] and _uses(t._save_checkpoint, "rotate_checkpoints(")
-         and _uses(t._save_checkpoint, "self.args.save_total_limit")),
-        ("Trainer._get_output_dir(trial)", _params(t._get_output_dir)[1:] == ["trial"]),
-        ("Trainer.save_model(output_dir, _internal_call)",
-         _params(t.save_model)[1:3] == ["output_dir", "_internal_call"]),
-        ("Trainer.evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)",
-         _params(t.evaluation_loop)[1:6] == ["dataloader", "description", "prediction_loss_only", "ignore_keys",
-                                             "metric_key_prefix"]),
-        ("EvalLoopOutput with predictions, metrics, num_samples",
-         {"predictions", "metrics", "num_samples"} <= set(EvalLoopOutput._fields)),
-        ("rotate_checkpoints(output_dir, save_total_limit, best_model_checkpoint, use_mtime)",
-         {"output_dir", "save_total_limit", "best_model_checkpoint", "use_mtime"} <= set(_params(rotate_checkpoints))),
-        ("speed_metrics(split, start_time, num_samples, num_steps)",
-         _params(speed_metrics)[:4] == ["split", "start_time", "num_samples", "num_steps"]),
-        ("LengthGroupedSampler(batch_size, lengths=...)",
-         {"batch_size", "lengths"} <= set(_params(LengthGroupedSampler.__init__))),
-        ("TrainingArguments.train_sampling_strategy, length_column_name, save_total_limit",
-         {"train_sampling_strategy", "length_column_name", "save_total_limit"} <= set(args)),
-    ]
-
-
-def check_trainer_contracts(trainer_cls=Trainer, version: str = transformers.__version__) -> None:
-    """Stops at start-up, with one line, when the installed transformers breaks what the
-    overrides rely on (see trainer_contracts); any release that keeps it runs."""
-    broken = [what for what, holds in trainer_contracts(trainer_cls) if not holds]
-    if broken:
-        low, high = TESTED_TRANSFORMERS
-        raise InputError(f"transformers {version}",
-                         f"trainer_qa.py relies on Trainer internals this release changed: {'; '.join(broken)}",
-                         f"install a release from the tested range {low} to {high} (requirements.txt pins "
-                         f"{high}; setup_bert.sh installs it)")
 
 
 class QuestionAnsweringTrainer(Trainer):
@@ -163,12 +88,9 @@ class QuestionAnsweringTrainer(Trainer):
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
     def save_model(self, output_dir=None, _internal_call=False):
-        # Why: the final model is written atomically, so a job killed while saving leaves no torn weights.
-        """The final model goes to a staging folder first and then file by file into place with
-        atomic renames, so a job killed while saving never leaves a torn weights file. One run
-        writes into an output folder at a time (qa.training.runlock), so the staging folder is this run's;
-        what a run killed while saving left there is cleared first, or its files (those this save
-        does not overwrite, e.g. another tokenizer's vocabulary) would be moved into place too."""
+        # Why: a job killed while saving leaves no torn weights: a staging folder, then atomic renames into place.
+        # One run per folder (qa.training.runlock): what a killed save left in staging is this run's to clear, or
+        # its files that this save does not overwrite (another tokenizer's vocabulary) would be moved in too.
         if _internal_call:  # a checkpoint: whole only once it has the marker
             return super().save_model(output_dir, _internal_call=True)
         target = output_dir or self.args.output_dir
@@ -239,3 +161,18 @@ def attributes_set(obj, **values):
     finally:
         for name, value in before.items():
             setattr(obj, name, value)
+
+
+@contextlib.contextmanager
+def evaluated_during_training(trainer, questions=None):
+    """With `questions` (--eval_every_questions), the evaluations during training take the first that many
+    validation questions (else all of them); the final evaluation takes them all again."""
+    if questions is None:
+        yield
+        return
+    examples, features = first_questions(trainer.eval_examples, trainer.eval_dataset, questions)
+    with attributes_set(trainer, eval_examples=examples, eval_dataset=features):
+        yield
+    # Internal: with persistent workers the Trainer keeps its eval DataLoader under "eval" whatever the
+    # dataset, so the subset's loader would feed the final evaluation (fewer logits than features).
+    getattr(trainer, "_eval_dataloaders", {}).pop("eval", None)

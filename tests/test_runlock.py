@@ -44,7 +44,7 @@ def test_a_run_whose_process_ended_is_gone():
 
 def test_a_reused_pid_is_not_the_holder():
     holder = _holder(process_start=this_run()["process_start"] - 1)
-    assert stale_reason(holder, 0, this_run()) == "its process id now belongs to another process"
+    assert stale_reason(holder, 0, this_run()) == "its process has ended"
 
 
 def test_another_host_is_judged_by_its_heartbeat():
@@ -87,8 +87,10 @@ def test_acquire_release_and_refuse(tmp_path):
            f"{out / LOCK_NAME}" in message
     first.release()
     assert not (tmp_path / "a").exists(), "the folders the lock made are removed when the run left them empty"
-    with RunLock(out):
-        (out / "results.json").write_text("{}")
+    second = RunLock(out)
+    second.acquire()
+    (out / "results.json").write_text("{}")
+    second.release()
     assert sorted(p.name for p in out.iterdir()) == ["results.json"]
 
 
@@ -96,8 +98,11 @@ def test_stale_lock_is_taken_over(tmp_path, caplog):
     out = tmp_path / "out"
     gone = _ended_pid()
     _write_lock(out, pid=gone, started_utc="2026-01-01T00:00:00+00:00")
-    with caplog.at_level(logging.WARNING), RunLock(out):
-        assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock = RunLock(out)
+    with caplog.at_level(logging.WARNING):
+        lock.acquire()
+    assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.release()
     assert [r.getMessage() for r in caplog.records] == [
         f"{out}: taking over the lock of a run that is gone (host {socket.gethostname()}, pid {gone}, "
         "started 2026-01-01T00:00:00+00:00): its process has ended"]
@@ -107,12 +112,14 @@ def test_stale_lock_is_taken_over(tmp_path, caplog):
 def test_heartbeat_refreshes_the_lock(tmp_path, monkeypatch):
     monkeypatch.setattr(runlock, "HEARTBEAT_SECONDS", 0.05)
     out = tmp_path / "out"
-    with RunLock(out):
-        os.utime(out / LOCK_NAME, (0, 0))
-        deadline = time.time() + 10
-        while os.stat(out / LOCK_NAME).st_mtime < 1 and time.time() < deadline:
-            time.sleep(0.05)
-        assert time.time() - os.stat(out / LOCK_NAME).st_mtime < 10
+    lock = RunLock(out)
+    lock.acquire()
+    os.utime(out / LOCK_NAME, (0, 0))
+    deadline = time.time() + 10
+    while os.stat(out / LOCK_NAME).st_mtime < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    assert time.time() - os.stat(out / LOCK_NAME).st_mtime < 10
+    lock.release()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,3 +242,22 @@ def test_final_model_staging_folder_is_cleared_first(tmp_path):
     leftover.write_bytes(b"torn")
     trainer.save_model()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "training_args.bin"]
+
+
+def test_a_lock_replaced_while_taking_over_goes_back(tmp_path, monkeypatch, caplog):
+    """Two runs take over the same stale lock at once: the one that comes second finds the first's
+    fresh lock where the stale one was, puts it back and refuses."""
+    out = tmp_path / "out"
+    live = _write_lock(out).read_text()  # this process: alive
+    stale = json.dumps(_holder(pid=_ended_pid()))
+    real_read, calls = RunLock._read, []
+
+    def read_the_stale_lock_first(self):
+        calls.append(1)
+        return (stale, json.loads(stale), 0.0) if len(calls) == 1 else real_read(self)
+
+    monkeypatch.setattr(RunLock, "_read", read_the_stale_lock_first)
+    with caplog.at_level(logging.WARNING), pytest.raises(InputError, match="is in use by another run"):
+        RunLock(out).acquire()
+    assert (out / LOCK_NAME).read_text() == live and os.listdir(out) == [LOCK_NAME]
+    assert not [r for r in caplog.records if "taking over" in r.getMessage()]
