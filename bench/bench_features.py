@@ -30,7 +30,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from qa.data.sources import require_squad_dev, squad_dev_path
+from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
 from qa.errors import command
 
 REPO = Path(__file__).resolve().parents[1]

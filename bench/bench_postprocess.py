@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
 from qa.data.sources import read_squad
-from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.data.features import prepare_validation_features
 from qa.model import bundled_minilm_dir

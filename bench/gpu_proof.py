@@ -42,7 +42,7 @@ from pathlib import Path
 
 from run_bench import SIZES as BENCH_SIZES  # the script beside this one
 
-from qa.data.sources import require_squad_dev, squad_dev_path
+from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, atomic_write_text, read_json
 from qa.model import build_random_bert

@@ -50,8 +50,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
 from qa.cmdline import to_flags
-from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.io import read_json
 from qa.model import build_random_bert

@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from qa.data.sources import squad_dev_path
+from bench.dev_set import squad_dev_path
 
 REPO = Path(__file__).resolve().parents[1]
 # The official SQuAD v1.1 dev set: $SQUAD_DEV, or ../shared/data/squad/dev-v1.1.json.gz beside the
-# repository (README: "The SQuAD dev set"); tests that need it skip without it.
+# repository (docs/data.md, "The SQuAD dev set"; bench/dev_set.py); tests that need it skip without it.
 DEV_SET = squad_dev_path()
 # Two processes on this machine (gloo on the CPU), for run_qa.py and other scripts.
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
@@ -70,3 +70,17 @@ def go_offline(monkeypatch, hf_home, drop=()):
         monkeypatch.setenv(key, value)
     for key in drop:
         monkeypatch.delenv(key, raising=False)
+
+
+def bench_module(name):
+    """bench/NAME.py as a module; the scripts import the ones beside them."""
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(REPO / "bench"))

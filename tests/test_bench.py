@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from qa.data.sources import SQUAD_DEV_URL
-from tests.helpers import DEV_SET, REPO
+from bench.dev_set import URL as SQUAD_DEV_URL
+from tests.helpers import DEV_SET, REPO, bench_module
 
 VARIANT_FIELDS = ("samples_per_second", "real_tokens_per_second", "padding_fraction", "mfu_real", "peak_rss_gib",
                   "peak_memory_gib", "projected_2_epochs_s", "timed_steps", "timed_samples", "timed_seconds",
@@ -115,12 +115,7 @@ def test_a_missing_dev_set_is_one_line_not_a_substitute(script, option, tmp_path
 
 
 def _bench_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("run_bench", REPO / "bench" / "run_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("run_bench")
 
 
 @pytest.mark.slow

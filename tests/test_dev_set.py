@@ -2,7 +2,7 @@
 the repository); a benchmark that does not find it: tests/test_bench.py."""
 import pytest
 
-from qa.data.sources import SQUAD_DEV_DEFAULT, require_squad_dev, squad_dev_path
+from bench.dev_set import DEFAULT as SQUAD_DEV_DEFAULT, require_squad_dev, squad_dev_path
 from qa.errors import InputError
 from tests.helpers import REPO
 

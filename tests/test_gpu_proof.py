@@ -1,6 +1,5 @@
 """bench/gpu_proof.py --cpu: the GPU proof's one command end to end on a CPU (every step, every
 output file), bench/parity.py's smallest size through it, and the report's arithmetic."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -8,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import DEV_SET, REPO
+from tests.helpers import DEV_SET, REPO, bench_module
 
 needs_dev = pytest.mark.skipif(not DEV_SET.exists(), reason=f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)")
 
@@ -20,14 +19,7 @@ def proof(out, *flags, timeout=1800):
 
 
 def _module(name):
-    sys.path.insert(0, str(REPO / "bench"))  # parity.py imports the script beside it
-    try:
-        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    return bench_module(name)
 
 
 @pytest.fixture(scope="module")

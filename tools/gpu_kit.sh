@@ -38,7 +38,7 @@ datasets=$(pin datasets)
 pandas=$(pin pandas)
 tested=$("$py" -c 'import importlib.metadata as m; print(*(f"{n}=={m.version(n)}" for n in ("dill", "multiprocess", "xxhash")))') ||
   die "$py has no dill, multiprocess or xxhash (see above): activate the project's environment"
-dev=$("$py" -c 'from qa.data.sources import require_squad_dev, squad_dev_path; print(require_squad_dev(squad_dev_path()))') ||
+dev=$("$py" bench/dev_set.py) ||
   die "no SQuAD v1.1 dev set (see above): set SQUAD_DEV"
 
 rm -rf .gpu && mkdir -p .gpu/whl .gpu/data .gpu/minilm

@@ -40,7 +40,7 @@ copy=$work/project
 mkdir "$copy"
 git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done |
   xargs -0 cp --parents -t "$copy"
-dev=$("$project_py" -c 'from qa.data.sources import squad_dev_path; print(squad_dev_path())')
+dev=$("$project_py" bench/dev_set.py)
 cd "$copy"
 echo "== tools/gpu_kit.sh (project environment, SQUAD_DEV=$(basename "$dev"))"
 SQUAD_DEV=$dev PYTHON=$project_py tools/gpu_kit.sh

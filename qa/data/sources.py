@@ -16,10 +16,6 @@ from qa.data.validate import validate
 
 SPLITS = ("train", "validation", "test")
 SETUP_SCRIPT = "setup_bert.sh"
-# The official dev set: $SQUAD_DEV (as published, plain or gzip-compressed), else this file beside the repository.
-SQUAD_DEV_VARIABLE = "SQUAD_DEV"
-SQUAD_DEV_DEFAULT = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad" / "dev-v1.1.json.gz"
-SQUAD_DEV_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v1.1.json"
 
 
 def load_raw_datasets(data_args, splits: Sequence[str] = SPLITS, cache_dir: Optional[str] = None):
@@ -46,22 +42,6 @@ def load_raw_datasets(data_args, splits: Sequence[str] = SPLITS, cache_dir: Opti
             dataset = select_articles(dataset, articles, f"--{split}_articles", source)
         out[split] = dataset
     return DatasetDict(out)
-
-
-def squad_dev_path() -> Path:
-    given = os.environ.get(SQUAD_DEV_VARIABLE)
-    return Path(given).expanduser() if given else SQUAD_DEV_DEFAULT
-
-
-def require_squad_dev(path, option: str = "--dev", synthetic: bool = False) -> Path:
-    """`path` when it is a file, else the InputError that says how to get the dev set (`synthetic`:
-    the caller takes --dataset_name synthetic instead)."""
-    if path is not None and Path(path).is_file():
-        return Path(path)
-    instead = "; or --dataset_name synthetic to time generated data instead" if synthetic else ""
-    raise InputError(f"{option} {path}", "the official SQuAD v1.1 dev set is not there",
-                     f"download it once (curl -LO {SQUAD_DEV_URL}, on a machine with internet) and set "
-                     f"{SQUAD_DEV_VARIABLE}=/path/to/dev-v1.1.json, or pass its path ({option} PATH){instead}")
 
 
 def split_source(config: dict, split: str) -> str:

@@ -9,7 +9,7 @@ disk) is caught before resuming and the next newest checkpoint that verifies is 
 The marker also records what the checkpoint's steps mean (run_record), so that a run whose settings
 would change that is refused before anything is written (check_resume), as is a run that would
 train no further than the checkpoint or than the finished run of its folder: it would overwrite
-that run's results with those of a run that trained less. README, "Resuming"."""
+that run's results with those of a run that trained less. docs/running.md, "Resuming"."""
 import logging
 import re
 import shutil

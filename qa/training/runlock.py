@@ -1,5 +1,5 @@
 """One run per output folder: rank 0 takes `output_dir/run.lock` (RunLock.acquire) before writing there and releases
-it at the end; another run refuses with one line naming the holder. README, "One run per output folder"."""
+it at the end; another run refuses with one line naming the holder. docs/running.md."""
 import contextlib
 import json
 import logging
