@@ -5,7 +5,7 @@
     python run_qa.py configs/reference.json --output_dir runs/ref
     torchrun --nproc_per_node 2 run_qa.py configs/reference.json
 
-Arguments: see `python run_qa.py --help` and qa/args.py. Outputs in `output_dir`:
+Arguments: see `python run_qa.py --help` and qa/arguments.py. Outputs in `output_dir`:
 all_results.json (WALL_CLOCK_SECONDS, train_runtime, samples/s, real tokens/s, F1/EM),
 train/eval/predict_results.json, environment.json, results.md, predictions.json,
 nbest_predictions.json, trainer_state.json, TensorBoard events under runs/, the model.
@@ -27,7 +27,7 @@ from qa.data.cache import cached_features, default_cache_dir  # noqa: E402
 from qa.training.callbacks import RunCallbacks  # noqa: E402
 from qa.training.checkpoints import check_no_finished_run, checkpoint_step, find_checkpoint, run_record  # noqa: E402
 from qa.data.collate import BucketPaddingCollator, add_length_column  # noqa: E402
-from qa.config import finalize, out_of_memory, parse_args  # noqa: E402
+from qa.arguments import finalize, out_of_memory, parse_args  # noqa: E402
 from qa.console import configure_logging  # noqa: E402
 from qa.data import load_raw_datasets  # noqa: E402
 from qa.errors import InputError, command  # noqa: E402

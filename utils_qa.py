@@ -18,7 +18,7 @@ from qa.data.features import (  # noqa: F401
 from qa.evaluation.metric import (  # noqa: F401
     normalize_answer, scores_from_examples, squad_scores, squad_v1_scores, squad_v2_scores)
 from qa.evaluation.postprocess import postprocess_qa_predictions  # noqa: F401
-from qa.settings import check_window  # noqa: F401
+from qa.arguments import check_window  # noqa: F401
 
 
 def main(argv=None) -> int:

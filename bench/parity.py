@@ -41,7 +41,7 @@ from pathlib import Path
 
 from run_bench import RESULTS, REFERENCE, _slug, data_source, variant_settings  # the script beside this one
 
-from qa.cmdline import to_flags
+from qa.arguments import to_flags
 from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, atomic_write_text, read_json

@@ -45,7 +45,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from qa.cmdline import to_flags
+from qa.arguments import to_flags
 from qa.data.sources import require_squad_dev, squad_dev_path
 from qa.errors import command
 from qa.io import read_json

@@ -105,7 +105,7 @@ def test_load_report_shown_only_when_unexpected(case, tmp_path):
     would not expect what is missing, and then without escape codes (not a terminal here)."""
     from transformers import BertConfig, BertModel
 
-    from qa.args import ModelArguments
+    from qa.arguments import ModelArguments
     from qa.model import load_model_and_tokenizer
 
     folder = _base_bert(tmp_path / "base")
@@ -147,7 +147,7 @@ def test_a_failed_load_shows_the_report_once_and_raises(tmp_path):
     config = BertConfig.from_pretrained(folder)
     config.type_vocab_size = 3  # the saved token-type embeddings have 2 rows
     config.save_pretrained(folder)
-    code = ("import sys; from qa.args import ModelArguments; from qa.console import configure_logging; "
+    code = ("import sys; from qa.arguments import ModelArguments; from qa.console import configure_logging; "
             "from qa.model import load_model_and_tokenizer; configure_logging(True); "
             "load_model_and_tokenizer(ModelArguments(sys.argv[1]), work_dir=sys.argv[2])")
     # CI set: transformers would also pass its records to the root logger's handler (twice shown).

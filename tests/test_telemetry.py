@@ -345,7 +345,7 @@ def test_timed_window_with_a_minimum_duration_stays_open_then_stops_training():
 
 
 def test_run_callbacks_follow_the_arguments():
-    from qa.args import RunArguments
+    from qa.arguments import RunArguments
     from qa.training.callbacks import RunCallbacks
     from qa.communication import CommunicationCallback
     from qa.training.preemption import CheckpointOnSignalCallback
@@ -372,9 +372,9 @@ def test_run_callbacks_follow_the_arguments():
     switches = RunCallbacks(RunArguments(ddp_comm_hook="bf16", fsdp_reduce_dtype="fp32"), training_args)
     assert (switches.communication.ddp_comm_hook, switches.communication.fsdp_reduce_dtype) == ("bf16", "fp32")
     assert RunCallbacks(RunArguments(telemetry_window="2:5"), training_args).telemetry.timed_steps == (2, 5)
-    # their values are checked with every other setting, by qa.settings' table, right after parsing
+    # their values are checked with every other setting, by their rules, right after parsing
     from qa.errors import InputError
-    from qa.settings import check_settings
+    from qa.arguments import check_settings
 
     for bad, culprit in (({"profile_active": 0}, "profile_active=0"), ({"peak_tflops": -1}, "peak_tflops=-1"),
                          ({"telemetry_window": "5:5"}, "telemetry_window='5:5'")):
@@ -392,7 +392,7 @@ def test_callbacks_are_installed_through_the_public_api():
     from transformers.integrations import TensorBoardCallback
 
     import qa.training.callbacks
-    from qa.args import RunArguments
+    from qa.arguments import RunArguments
     from qa.training.callbacks import RunCallbacks
 
     assert "_getframe" not in inspect.getsource(qa.training.callbacks)

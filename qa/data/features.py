@@ -11,7 +11,7 @@ id of their question and, per token, the character span in the context (None out
 context), which is all that post-processing needs to turn logits back into answer text.
 """
 from qa.errors import InputError
-from qa.settings import check_window
+from qa.arguments import check_window
 
 # Every feature starts with the tokenizer's CLS token (check_tokenizer refuses a tokenizer whose
 # pair template does not, and features are always padded on the right), so windows without the

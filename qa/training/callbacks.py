@@ -2,7 +2,7 @@
 
 Each callback lives with its job (qa.training.telemetry, qa.training.profiling, qa.training.preemption, qa.training.trial_steps for
 the compile warm-up, qa.communication, qa.evaluation.time_to_accuracy) and takes plain values; this module alone reads the run's
-settings (qa.args.RunArguments) to build them, installs them through the Trainer's public
+settings (qa.arguments.RunArguments) to build them, installs them through the Trainer's public
 `add_callback`, hands the Trainer the values to add to its log entries (`log_values`, for
 QuestionAnsweringTrainer's `log_extras`) and gathers what they measured (`summary`).
 """
