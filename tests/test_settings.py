@@ -12,8 +12,7 @@ import typing
 
 import pytest
 
-from qa.arguments import (RULES, DataArguments, ModelArguments, Number, RunArguments, check_settings, folder_problem,
-                          steps)
+from qa.arguments import RULES, DataArguments, Folder, ModelArguments, Number, RunArguments, check_settings, steps
 from qa.errors import InputError
 from tests.helpers import REPO, go_offline, run_qa
 
@@ -149,8 +148,9 @@ def test_read_only_output_dir(tmp_path):
     locked.mkdir()
     locked.chmod(0o555)
     try:
-        assert folder_problem(str(locked / "out")) == f"cannot be created: {locked} is not writable by this user"
-        assert folder_problem(str(locked)) == "is not writable by this user"
+        rule = Folder("", "")
+        assert rule.problem(str(locked / "out")) == f"cannot be created: {locked} is not writable by this user"
+        assert rule.problem(str(locked)) == "is not writable by this user"
     finally:
         locked.chmod(0o755)
 
