@@ -221,7 +221,7 @@ TRAINING_RULES = {
     "per_device_train_batch_size": count("features per device in each step", "use e.g. 12"),
     "per_device_eval_batch_size": count("features per device in each evaluation step", "use e.g. 64"),
     "num_train_epochs": Number("passes over the training data", "use e.g. 2", low=0, open="low"),
-    "max_steps": Number("optimizer steps; -1: as epochs say", "use -1 or a number", low=1, whole=True, also=(-1,)),
+    "max_steps": Number("optimizer steps; -1: epochs decide", "use -1 or a step count", low=1, whole=True, also=(-1,)),
     "learning_rate": Number("the peak learning rate", "use e.g. 3e-5", low=0),
     "warmup_steps": steps("the learning-rate warm-up", "use 0, a fraction such as 0.1, or steps", open=""),
     "weight_decay": Number("AdamW's decoupled weight decay", "use 0 or e.g. 0.01", low=0),
@@ -358,7 +358,7 @@ def parse_args(argv):
     try:
         built = parser.parse_dict(values, allow_extra_keys=True)
     except (TypeError, ValueError) as err:  # a combination TrainingArguments refuses
-        raise InputError(source, f"invalid arguments: {str(err).splitlines()[0]}", HELP) from None
+        raise InputError(source, f"invalid arguments: {str(err).splitlines()[0].rstrip('.')}", HELP) from None
     if note:
         logger.warning("%s", note)
         built[2].adjusted.append(note)  # into environment.json and results.md
