@@ -32,7 +32,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from qa.args import DataArguments, ModelArguments
+from qa.arguments import DataArguments, ModelArguments
 from qa.training.checkpoints import COMPLETE_MARKER, checkpoints
 from qa.errors import InputError, command
 from qa.io import read_json
@@ -67,7 +67,7 @@ def check_top_k(top_k: int) -> None:
 
 def trained_settings(folder: Path) -> dict:
     """The configuration the model was trained with (its run's environment.json), or {} (the
-    defaults of qa.args, with a warning) for a model folder made elsewhere."""
+    defaults of qa.arguments, with a warning) for a model folder made elsewhere."""
     record = folder / "environment.json"
     if not record.is_file():
         logger.warning("%s has no environment.json: answering with the default settings (windows of %d tokens, "

@@ -5,7 +5,7 @@
     python run_qa.py configs/reference.json --output_dir runs/ref
     torchrun --nproc_per_node 2 run_qa.py configs/reference.json
 
-Arguments: `python run_qa.py --help` and qa/args.py. What a run writes into `output_dir`: README,
+Arguments: `python run_qa.py --help` and qa/arguments.py. What a run writes into `output_dir`: README,
 "What a run records".
 """
 import logging
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import default_data_collator, set_seed
 
-from qa.config import finalize, out_of_memory, parse_args
+from qa.arguments import finalize, out_of_memory, parse_args
 from qa.console import configure_logging
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column

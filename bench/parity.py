@@ -42,10 +42,10 @@ from pathlib import Path
 from run_bench import RESULTS, REFERENCE, _slug, data_source, variant_settings  # the script beside this one
 
 from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
-from qa.cmdline import to_flags
+from qa.arguments import to_flags
 from qa.errors import InputError, command
-from qa.io import atomic_write_json, atomic_write_text, read_json
 from qa.evaluation.time_to_accuracy import time_to_target
+from qa.io import atomic_write_json, atomic_write_text, read_json
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
-from qa.cmdline import to_flags
+from qa.arguments import to_flags
 from qa.errors import command
 from qa.io import read_json
 from qa.model import build_random_bert

@@ -8,7 +8,7 @@
 #   1. checks that need no Python, so bad input fails within a second: ENV_FILE, the config, the
 #      SLURM job, the shape, GLOBAL_BATCH, STRATEGY;
 #   2. the folder run_qa.py will write into (job_time.jsonl goes there too), read from the config
-#      and the arguments by `python -m qa.cmdline output_dir` (the standard library only: nothing
+#      and the arguments by `python -m qa.arguments output_dir` (the standard library only: nothing
 #      imports transformers before srun). Batch arithmetic and defaults are run_qa.py's own:
 #      GLOBAL_BATCH goes to it as --global_batch, and it logs the global batch at start;
 #   3. `srun` one task per node, each a `torchrun` starting the node's processes (c10d rendezvous
@@ -111,10 +111,10 @@ jl_shape() {
   fi
 }
 
-# OUTPUT: the folder run_qa.py writes into, as it resolves it (qa/cmdline.py, which it uses too):
+# OUTPUT: the folder run_qa.py writes into, as it resolves it (qa/arguments.py, which it uses too):
 # the last --output_dir of the config and the arguments, else its default.
 jl_output() {
-  OUTPUT=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" python -m qa.cmdline output_dir "$CONFIG" "${RUN_QA_ARGS[@]}") ||
+  OUTPUT=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" python -m qa.arguments output_dir "$CONFIG" "${RUN_QA_ARGS[@]}") ||
     exit 1  # it printed the one-line error (a config that is not valid JSON)
   jl_output_place
 }

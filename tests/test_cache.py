@@ -1,7 +1,7 @@
 """The tokenized-features cache: keyed by everything that matters, reused, never torn."""
 from qa.data.cache import cached_features, features_key
 from qa.data.features import prepare_train_features, prepare_validation_features
-from qa.args import DataArguments
+from qa.arguments import DataArguments
 from qa.data.sources import load_raw_datasets
 from tests.helpers import minilm_tokenizer
 

@@ -58,7 +58,7 @@ def test_sdpa_with_mask_computes_what_sdpa_computes(tmp_path):
     """The same attention, with the mask passed even when nothing is padding."""
     import torch
 
-    from qa.args import ModelArguments
+    from qa.arguments import ModelArguments
     from qa.training.compile import SDPA_WITH_MASK
     from qa.model import load_model_and_tokenizer
 
@@ -127,7 +127,7 @@ def test_compile_warm_up_leaves_training_unchanged(tmp_path):
     from datasets import Dataset
     from transformers import TrainingArguments
 
-    from qa.args import ModelArguments
+    from qa.arguments import ModelArguments
     from qa.data.collate import BucketPaddingCollator
     from qa.data.features import prepare_train_features
     from qa.model import load_model_and_tokenizer

@@ -105,7 +105,7 @@ def test_loading_says_what_it_means_in_one_line(case, tmp_path):
     says what the loading means, a warning when the run would not expect what is missing."""
     from transformers import BertConfig, BertModel
 
-    from qa.args import ModelArguments
+    from qa.arguments import ModelArguments
     from qa.model import load_model_and_tokenizer
 
     folder = _base_bert(tmp_path / "base")
@@ -141,7 +141,7 @@ def test_weights_that_do_not_fit_the_config_are_an_input_error(tmp_path):
     not transformers' table and its traceback."""
     from transformers import BertConfig
 
-    from qa.args import ModelArguments
+    from qa.arguments import ModelArguments
     from qa.errors import InputError
     from qa.model import load_model_and_tokenizer
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from qa.args import DataArguments
+from qa.arguments import DataArguments
 from qa.data.sources import load_raw_datasets, read_squad
 from qa.data.sources import parse_slice, select_articles
 from qa.errors import InputError
@@ -387,7 +387,7 @@ def test_bad_input_raises_input_error(tmp_path, case):
 def test_offline_with_empty_cache_says_run_setup_script(tmp_path):
     cache = tmp_path / "empty-cache"
     cache.mkdir()
-    code = ("from qa.args import DataArguments; from qa.data.sources import load_raw_datasets\n"
+    code = ("from qa.arguments import DataArguments; from qa.data.sources import load_raw_datasets\n"
             "from qa.errors import InputError\n"
             "try:\n"
             "    load_raw_datasets(DataArguments(), splits=('train', 'validation'),\n"

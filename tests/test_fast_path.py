@@ -41,7 +41,7 @@ def features():
 
 @pytest.mark.parametrize("kernel", ["sdpa", "eager"])
 def test_attention_implementation_reaches_the_model(tmp_path, kernel):
-    from qa.args import ModelArguments
+    from qa.arguments import ModelArguments
     from qa.model import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(ModelArguments("bundled:tiny-bert", attn_implementation=kernel),
@@ -50,7 +50,7 @@ def test_attention_implementation_reaches_the_model(tmp_path, kernel):
 
 
 def test_unknown_attention_implementation_is_an_input_error(tmp_path):
-    from qa.args import ModelArguments
+    from qa.arguments import ModelArguments
     from qa.errors import InputError
     from qa.model import load_model_and_tokenizer
 
@@ -62,7 +62,7 @@ def test_unknown_attention_implementation_is_an_input_error(tmp_path):
 def test_sdpa_and_eager_compute_the_same_logits(tmp_path):
     import torch
 
-    from qa.args import ModelArguments
+    from qa.arguments import ModelArguments
     from qa.model import load_model_and_tokenizer
 
     out = {}
@@ -111,7 +111,7 @@ def test_compile_settings_reach_accelerate(monkeypatch):
 ], ids=["T4", "V100 fp32", "A100", "H100", "CPU"])
 def test_precision_follows_the_device(capability, bf16, changes, note):
     """configs/fast.json asks for bf16 and TF32: what each device gets instead, and the line saying so."""
-    from qa.config import device_precision
+    from qa.arguments import device_precision
 
     assert device_precision(capability, bf16, True) == (changes, note)
     assert device_precision(capability, bf16, None)[0].get("tf32") is None
@@ -120,13 +120,13 @@ def test_precision_follows_the_device(capability, bf16, changes, note):
 def test_fast_config_parses_on_a_cpu(tmp_path, caplog):
     """configs/fast.json as it is: bf16 stays on a CPU (autocast runs it), TF32 is dropped with one line and
     recorded (transformers itself refuses --tf32 without an Ampere GPU)."""
-    from qa.config import parse_args
+    from qa.arguments import parse_args
 
-    with caplog.at_level(logging.WARNING, logger="qa.config"):
+    with caplog.at_level(logging.WARNING, logger="qa.arguments"):
         _, _, run_args, training_args, _ = parse_args([str(REPO / "configs" / "fast.json"), "--use_cpu", "true",
                                                        "--output_dir", str(tmp_path / "out")])
     assert training_args.bf16 and not training_args.fp16 and training_args.tf32 is False
-    said = [r.getMessage() for r in caplog.records if r.name == "qa.config"]
+    said = [r.getMessage() for r in caplog.records if r.name == "qa.arguments"]
     assert run_args.adjusted == ["the CPU has no TF32: tf32 off"] == said
 
 
@@ -190,7 +190,7 @@ def test_length_column_is_computed_without_reading_rows(features):
 def _trainer(tmp_path, features, eval_features=None, **kwargs):
     from transformers import TrainingArguments
 
-    from qa.args import ModelArguments
+    from qa.arguments import ModelArguments
     from qa.data.collate import BucketPaddingCollator, add_length_column
     from qa.model import load_model_and_tokenizer
     from trainer_qa import QuestionAnsweringTrainer

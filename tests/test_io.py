@@ -48,7 +48,7 @@ def test_json_lines(tmp_path):
 def test_config_file_errors_are_the_readers(tmp_path):
     """run_qa.py CONFIG: the reader's message for malformed JSON or a folder, the config's own for
     a missing file and for a document that is not an object."""
-    from qa.config import parse_args
+    from qa.arguments import parse_args
 
     cases = {"torn.json": ('{"a": 1,\n "b": }', "line 2 column 7: malformed JSON"),
              "list.json": ("[1]", "a config must be a JSON object"),

@@ -371,10 +371,10 @@ def test_one_error_type_for_every_command(capsys):
     import importlib.util
 
     import run_qa
-    from qa import cmdline
+    from qa import arguments
     from qa.evaluation import metric
 
-    mains = [run_qa.main, metric.main, cmdline.main]
+    mains = [run_qa.main, metric.main, arguments.main]
     for tool in ("prefetch", "scaling_report", "scaling_predict", "plot_tb"):
         spec = importlib.util.spec_from_file_location(tool, REPO / "tools" / f"{tool}.py")
         module = importlib.util.module_from_spec(spec)

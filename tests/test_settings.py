@@ -1,4 +1,4 @@
-"""Every numeric and path setting is checked, by one table (qa/settings.py), right after parsing:
+"""Every numeric and path setting is checked by its rule (qa/arguments.py), right after parsing:
 an out-of-range value stops run_qa.py with one `error:` line naming the setting and the fix,
 exit 2, no traceback, and nothing written (no output folder, no environment.json, no features
 cache, no tiny-BERT build). And `--help` prints the help and exits 0."""
@@ -12,9 +12,8 @@ import typing
 
 import pytest
 
-from qa.config import DATACLASSES
+from qa.arguments import RULES, DataArguments, Folder, ModelArguments, Number, RunArguments, check_settings, steps
 from qa.errors import InputError
-from qa.settings import SETTINGS, Number, StepsOrRatio, check_settings, folder_problem
 from tests.helpers import REPO, go_offline, run_qa
 
 BASE = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic", "--do_train", "--do_eval",
@@ -23,10 +22,12 @@ BASE = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "syntheti
 
 def numeric_fields():
     """(name, type) of every int, float or list-of-int field of the run's argument dataclasses
-    (bools excluded), read from the installed releases: a field added there or in qa/args.py
-    without a rule in qa.settings.SETTINGS fails the tests below."""
+    (bools excluded), read from the installed releases: a field added there or in qa/arguments.py
+    without a rule (or one of transformers' own, TRANSFORMERS_CHECKS) fails the tests below."""
+    from transformers import TrainingArguments
+
     found = {}
-    for dtype in DATACLASSES:
+    for dtype in (ModelArguments, DataArguments, RunArguments, TrainingArguments):
         hints = typing.get_type_hints(dtype)
         for f in dataclasses.fields(dtype):
             if not f.init:
@@ -41,14 +42,28 @@ def numeric_fields():
 
 
 NUMERIC = numeric_fields()
+# Settings whose bad values TrainingArguments itself refuses with a message naming them: a value each refuses
+TRANSFORMERS_CHECKS = {"torch_empty_cache_steps": 0}
+
+
+def outside(rule):
+    """A value `rule` refuses."""
+    if not isinstance(rule, Number):
+        return [0]  # length_buckets
+    if math.isfinite(rule.low):
+        return rule.low if rule.open == "low" else rule.low - 1
+    if math.isfinite(rule.high):
+        return rule.high if rule.open == "high" else rule.high + 1
+    return math.nan
 
 
 def test_every_numeric_field_has_a_rule():
     assert len(NUMERIC) > 40, sorted(NUMERIC)  # the walk below must really cover the dataclasses
     assert {"per_device_train_batch_size", "learning_rate", "warmup_steps", "doc_stride", "length_buckets",
             "profile_active", "peak_tflops", "save_total_limit", "ddp_timeout", "seed"} <= set(NUMERIC)
-    missing = sorted(set(NUMERIC) - set(SETTINGS))
-    assert not missing, f"numeric settings without a rule in qa/settings.py: {missing}"
+    missing = sorted(set(NUMERIC) - set(RULES) - set(TRANSFORMERS_CHECKS))
+    assert not missing, f"numeric settings without a rule in qa/arguments.py: {missing}"
+    assert not set(RULES) & set(TRANSFORMERS_CHECKS), "a check transformers makes itself is not restated"
 
 
 def _flags(name, value):
@@ -71,7 +86,7 @@ def test_out_of_range_value_stops_before_anything_is_written(name, offline, caps
     from run_qa import main
 
     tmp = offline
-    bad = SETTINGS[name].outside()
+    bad = TRANSFORMERS_CHECKS[name] if name in TRANSFORMERS_CHECKS else outside(RULES[name])
     before = _tree(tmp)
     out = tmp / "out"
     assert main(BASE + _flags(name, bad) + ["--features_cache_dir", str(tmp / "features"),
@@ -79,7 +94,8 @@ def test_out_of_range_value_stops_before_anything_is_written(name, offline, caps
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"error: {name}=") and ". Fix: " in lines[0], lines[0]
+    said = "error: command line: invalid arguments: `" + name if name in TRANSFORMERS_CHECKS else f"error: {name}="
+    assert lines[0].startswith(said) and ". Fix: " in lines[0], lines[0]
     assert _tree(tmp) == before, "nothing written: no output folder, features cache or model build"
 
 
@@ -132,8 +148,9 @@ def test_read_only_output_dir(tmp_path):
     locked.mkdir()
     locked.chmod(0o555)
     try:
-        assert folder_problem(str(locked / "out")) == f"cannot be created: {locked} is not writable by this user"
-        assert folder_problem(str(locked)) == "is not writable by this user"
+        rule = Folder("", "")
+        assert rule.problem(str(locked / "out")) == f"cannot be created: {locked} is not writable by this user"
+        assert rule.problem(str(locked)) == "is not writable by this user"
     finally:
         locked.chmod(0o755)
 
@@ -143,7 +160,7 @@ def test_the_rules_accept_what_transformers_accepts():
                     "adam_beta2": 0.999, "learning_rate": 0.0, "seed": 0, "data_seed": None, "max_grad_norm": 0,
                     "save_total_limit": None, "length_buckets": [128, 384], "max_seq_length": 384,
                     "doc_stride": 128, "max_query_length": 64, "telemetry_window": "2:5", "resume": "auto"})
-    assert StepsOrRatio("x", "y").outside() == 0 and math.isnan(Number("x", "y").outside())
+    assert outside(steps("x", "y")) == 0 and math.isnan(outside(Number("x", "y")))
     with pytest.raises(InputError, match=r"^length_buckets=\[64, 256\]: bucket 256 is outside 1..max_seq_length=128"):
         check_settings({"max_seq_length": 128, "length_buckets": [64, 256]})
     with pytest.raises(InputError, match="doc_stride must be smaller than the context room"):

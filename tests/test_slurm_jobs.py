@@ -266,11 +266,11 @@ def test_no_block_repeated_between_job_scripts():
     ([], "trainer_output"),                                              # neither: the run's default
 ])
 def test_output_dir_read_without_transformers_is_the_runs(tmp_path, monkeypatch, argv, expect):
-    """The launcher learns where the run writes (job_time.jsonl goes there) from qa.cmdline, which
+    """The launcher learns where the run writes (job_time.jsonl goes there) from qa.arguments, which
     reads the config and the flags with the standard library only; run_qa.py's parser ends with
     the same folder, whatever the config, the flags and their order say."""
-    from qa.cmdline import expand, output_dir
-    from qa.config import parse_args
+    from qa.arguments import expand, output_dir
+    from qa.arguments import parse_args
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c.json").write_text(json.dumps({"_comment": "x", "model_name_or_path": "bundled:tiny-bert",
@@ -282,18 +282,18 @@ def test_output_dir_read_without_transformers_is_the_runs(tmp_path, monkeypatch,
 
 
 def test_output_dir_command_imports_no_library(tmp_path):
-    """`python -m qa.cmdline output_dir CONFIG [ARGS]`, as the launcher runs it before srun: the folder
+    """`python -m qa.arguments output_dir CONFIG [ARGS]`, as the launcher runs it before srun: the folder
     on stdout, and none of transformers, torch, datasets imported (each costs seconds per job)."""
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"output_dir": "runs/c", "learning_rate": 1e-3}))
-    probe = ("import runpy, sys; sys.argv = ['qa.cmdline'] + sys.argv[1:]\n"
-             "try:\n    runpy.run_module('qa.cmdline', run_name='__main__')\nexcept SystemExit as e:\n"
+    probe = ("import runpy, sys; sys.argv = ['qa.arguments'] + sys.argv[1:]\n"
+             "try:\n    runpy.run_module('qa.arguments', run_name='__main__')\nexcept SystemExit as e:\n"
              "    print(sorted(m for m in ('transformers', 'torch', 'datasets') if m in sys.modules), e.code)")
     r = subprocess.run([sys.executable, "-c", probe, "output_dir", str(config), "--seed", "3", "--output_dir",
                         "runs/a b"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env=_clean_env(PYTHONPATH=str(REPO)))
     assert r.returncode == 0 and r.stdout.splitlines() == ["runs/a b", "[] 0"], r
-    r = subprocess.run([sys.executable, "-m", "qa.cmdline", "output_dir", str(config)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "qa.arguments", "output_dir", str(config)], capture_output=True,
                        text=True, timeout=60, cwd=tmp_path, env=_clean_env(PYTHONPATH=str(REPO)))
     assert r.returncode == 0 and r.stdout == "runs/c\n", r
 
@@ -301,7 +301,7 @@ def test_output_dir_command_imports_no_library(tmp_path):
 def test_output_dir_of_a_bad_config_is_one_line(tmp_path, capsys):
     """A config that is not JSON stops the job before srun: one line naming the file and the fix,
     status 2, nothing on stdout for the launcher to read."""
-    from qa.cmdline import main
+    from qa.arguments import main
 
     config = tmp_path / "c.json"
     config.write_text('{"learning_rate": 1e-3,}')
@@ -313,7 +313,7 @@ def test_output_dir_of_a_bad_config_is_one_line(tmp_path, capsys):
 
 def test_abbreviated_flags_are_refused():
     """argparse would take --output for --output_dir, which the reader above would not see."""
-    from qa.config import parse_args
+    from qa.arguments import parse_args
     from qa.errors import InputError
 
     with pytest.raises(InputError, match=r"unknown arguments \['--output', 'x'\]"):
@@ -329,13 +329,13 @@ def test_abbreviated_flags_are_refused():
     (7, 1, 4, (1, 7)),      # a prime above the configured batch: batch 1
 ])
 def test_global_batch_is_kept(global_batch, world, per_device, expect):
-    from qa.config import split_global_batch
+    from qa.arguments import split_global_batch
 
     assert split_global_batch(global_batch, world, per_device) == expect
 
 
 def test_global_batch_must_divide():
-    from qa.config import split_global_batch
+    from qa.arguments import split_global_batch
     from qa.errors import InputError
 
     with pytest.raises(InputError) as info:
@@ -347,7 +347,7 @@ def test_global_batch_must_divide():
 def test_run_resolves_global_batch_and_its_defaults(caplog, tmp_path, monkeypatch):
     """What the launcher did in the shell is the run's own: --global_batch split at start (logged on
     the main process with the learning rate), and DDP's search for unused parameters off unless given."""
-    from qa.config import finalize, parse_args
+    from qa.arguments import finalize, parse_args
 
     # finalize points TensorBoard at the output folder through the environment, which the jobs
     # submitted later in this process would inherit
@@ -355,7 +355,7 @@ def test_run_resolves_global_batch_and_its_defaults(caplog, tmp_path, monkeypatc
     base = ["--model_name_or_path", "bundled:tiny-bert", "--use_cpu", "true", "--report_to", "none",
             "--per_device_train_batch_size", "12", "--learning_rate", "3e-5", "--output_dir", str(tmp_path / "out")]
     _, _, run_args, training_args, explicit = parse_args(base + ["--global_batch", "96"])
-    with caplog.at_level("INFO", logger="qa.config"):
+    with caplog.at_level("INFO", logger="qa.arguments"):
         finalize(training_args, run_args, explicit)
     assert (training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps) == (12, 8)
     assert training_args.ddp_find_unused_parameters is False

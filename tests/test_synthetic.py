@@ -153,7 +153,7 @@ def test_a_run_writes_the_generated_questions_it_evaluated_and_they_score(v2, tm
     and the score command reads it as the project's own format: no version warning."""
     from dataclasses import asdict
 
-    from qa.args import DataArguments
+    from qa.arguments import DataArguments
     from qa.data.sources import load_raw_datasets, read_squad
     from qa.results.records import write_generated_data
     from qa.evaluation.metric import main as score

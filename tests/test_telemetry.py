@@ -374,7 +374,7 @@ def test_clock_starts_at_the_first_step():
 
 
 def test_run_callbacks_follow_the_arguments():
-    from qa.args import RunArguments
+    from qa.arguments import RunArguments
     from qa.communication import DDPCompressionHook
     from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
     from qa.training.callbacks import run_callbacks
@@ -399,9 +399,9 @@ def test_run_callbacks_follow_the_arguments():
     hook = run_callbacks(RunArguments(ddp_comm_hook="fp16"), training_args)["ddp_comm_hook"]
     assert isinstance(hook, DDPCompressionHook) and hook.name == "fp16"
     assert run_callbacks(RunArguments(telemetry_window="2:5"), training_args)["telemetry"].timed_steps == (2, 5)
-    # their values are checked with every other setting, by qa.settings' table, right after parsing
+    # their values are checked with every other setting, by qa.arguments' rules, right after parsing
     from qa.errors import InputError
-    from qa.settings import check_settings
+    from qa.arguments import check_settings
 
     for bad, culprit in (({"profile_active": 0}, "profile_active=0"), ({"peak_tflops": -1}, "peak_tflops=-1"),
                          ({"telemetry_window": "5:5"}, "telemetry_window='5:5'")):
@@ -418,7 +418,7 @@ def test_callbacks_are_installed_through_the_public_api():
     from transformers.integrations import TensorBoardCallback
 
     import qa.training.callbacks
-    from qa.args import RunArguments
+    from qa.arguments import RunArguments
     from qa.console import LogLinesCallback, LogLinesProgressCallback
     from qa.training.callbacks import install, run_callbacks, summary
 

@@ -3,7 +3,7 @@ sharing `doc_stride` tokens, labelled with the answer's token span or CLS when t
 evaluation features keep their question's id and each token's character span in the context, which
 is all post-processing needs to turn logits into answer text."""
 from qa.errors import InputError
-from qa.settings import check_window
+from qa.arguments import check_window
 
 # Every feature starts with CLS (check_tokenizer makes sure; features are padded on the right), so
 # windows without the answer, unanswerable questions and the SQuAD v2 null score all use position 0.

