@@ -1,4 +1,4 @@
-"""qa.communication: the switches that shrink gradient communication (PyTorch's own hooks) really
+"""qa.distributed: the switches that shrink gradient communication (PyTorch's own hooks) really
 act on the wrapped model; and the scaling study's opt-in measurement (scaling/comm_measure.py,
 --measure_communication true) records consistent figures in a distributed run (torchrun, 2 gloo
 processes on the CPU), which trains exactly as it would without it. Speeds are not checked."""
@@ -29,7 +29,7 @@ def _free_port():
 def _hook_worker(rank, port, hook, out):
     import torch.distributed as dist
 
-    from qa.communication import DDP_HOOKS
+    from qa.distributed import DDP_HOOKS
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -81,7 +81,7 @@ def test_a_hook_that_cannot_act_is_a_warning(caplog):
     """One process (no DDP wrapper): no hook, one warning, training goes on."""
     from types import SimpleNamespace
 
-    from qa.communication import DDPCompressionHook
+    from qa.distributed import DDPCompressionHook
 
     hook = DDPCompressionHook("bf16")
     hook.bind(SimpleNamespace(model_wrapped=torch.nn.Linear(2, 2)))
@@ -95,7 +95,7 @@ def test_fsdp_reduce_dtype_reaches_accelerates_plugin():
     from accelerate.utils import FullyShardedDataParallelPlugin
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from qa.communication import set_fsdp_reduce_dtype
+    from qa.distributed import set_fsdp_reduce_dtype
 
     plain = FullyShardedDataParallelPlugin(fsdp_version=2)
     set_fsdp_reduce_dtype(plain, "bf16")

@@ -375,7 +375,7 @@ def test_clock_starts_at_the_first_step():
 
 def test_run_callbacks_follow_the_arguments():
     from qa.arguments import RunArguments
-    from qa.communication import DDPCompressionHook
+    from qa.distributed import DDPCompressionHook
     from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
     from qa.training.callbacks import run_callbacks
     from qa.training.preemption import CheckpointOnSignalCallback

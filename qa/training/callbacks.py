@@ -3,8 +3,8 @@ installed in one place. Each keeps its own clock; the one order that matters is 
 import logging
 import os
 
-from qa.communication import DDPCompressionHook, set_fsdp_reduce_dtype
 from qa.console import log_lines_callback, replace_log_printer
+from qa.distributed import DDPCompressionHook, set_fsdp_reduce_dtype
 from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
 from qa.training.compile import CompileWarmupCallback
 from qa.training.preemption import CheckpointOnSignalCallback
