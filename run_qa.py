@@ -134,6 +134,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
         write_environment(out, env)
 
     if training_args.do_train:
+        resumed_at = progress(checkpoint)[0] if checkpoint else 0  # read now: rotation may remove the checkpoint
         with evaluated_during_training(trainer, run_args.eval_every_questions):
             try:
                 result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -149,7 +150,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             return EXIT_INTERRUPTED
         # Nothing trained: resumed at the end of a training that had ended, to evaluate it (a job stopped during
         # its final evaluation; qa.training.checkpoints.check_resume). That training's records stay as they are.
-        if checkpoint is None or result.global_step > progress(checkpoint)[0]:
+        if result.global_step > resumed_at:
             trainer.save_model()
             metrics = dict(result.metrics)
             metrics.update(train_throughput(metrics, train_stats, len(examples["train"])))
