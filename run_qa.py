@@ -9,12 +9,12 @@ Arguments: `python run_qa.py --help` and qa/arguments.py. What a run writes into
 "What a run records".
 """
 import logging
-import os
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+import psutil
 import torch
 from transformers import default_data_collator, set_seed
 
@@ -34,7 +34,7 @@ from qa.training.callbacks import install, run_callbacks, summary
 from qa.training.checkpoints import find_checkpoint, progress, run_record
 from qa.training.compile import compile_outcome
 from qa.training.preemption import EXIT_INTERRUPTED
-from qa.training.runlock import RunLock, process_start
+from qa.training.runlock import RunLock
 from qa.training.telemetry import token_stats, train_throughput
 from trainer_qa import QuestionAnsweringTrainer, evaluated_during_training
 
@@ -105,7 +105,6 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
                         cache_root, record, extra_callbacks):
     features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples}
 
-    train_stats = token_stats(features["train"]) if "train" in features else None
     collator = default_data_collator
     if not data_args.pad_to_max_length:  # dynamic padding, to a few lengths (qa/data/collate.py)
         collator = BucketPaddingCollator(tokenizer, data_args.max_seq_length, data_args.pad_to_multiple_of,
@@ -126,11 +125,11 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
         log_extras=telemetry.log_values if telemetry else None, checkpoint_record=record)
     install(trainer, [*callbacks.values(), *extra], run_args)
 
-    config = {**asdict(model_args), **asdict(data_args), **asdict(run_args), **training_args.to_dict()}
-    env = environment_record(config)
     out = training_args.output_dir
     main = trainer.is_world_process_zero()
-    if main:
+    if main:  # the record runs git and asks every GPU: rank 0's alone is written
+        env = environment_record({**asdict(model_args), **asdict(data_args), **asdict(run_args),
+                                  **training_args.to_dict()})
         write_environment(out, env)
 
     if training_args.do_train:
@@ -153,7 +152,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
         if result.global_step > resumed_at:
             trainer.save_model()
             metrics = dict(result.metrics)
-            metrics.update(train_throughput(metrics, train_stats, len(examples["train"])))
+            metrics.update(train_throughput(metrics, token_stats(features["train"]), len(examples["train"])))
             metrics.update(summary([*callbacks.values(), *extra]))
             if main:
                 save_split_metrics(out, "train", metrics)
@@ -172,9 +171,8 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             save_split_metrics(out, "predict", metrics)
     if main:
         compiled = {"compiled": compile_outcome()} if training_args.torch_compile else {}
-        # The wall clock from the process's start (imports are part of a job's cost); /proc counts from boot.
-        started = process_start(os.getpid()) / os.sysconf("SC_CLK_TCK")
-        results = finish_run(out, time.clock_gettime(time.CLOCK_BOOTTIME) - started, env, compiled)
+        # The wall clock from the process's start: imports are part of a job's cost.
+        results = finish_run(out, time.time() - psutil.Process().create_time(), env, compiled)
         logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
     close_process_group()
     return 0

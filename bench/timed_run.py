@@ -8,7 +8,6 @@ window (STOP, or the first one after it once the window has lasted MIN_S seconds
 stops there. bench_window.json in the output folder gets the window's steps and seconds,
 measured the same way whatever instruments the run has on (its telemetry's window, when it has
 one, gives the samples, tokens, MFU and compilations)."""
-import json
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 from transformers import TrainerCallback
 
 import run_qa
+from qa.io import atomic_write_json
 
 
 class TimedWindow(TrainerCallback):
@@ -40,7 +40,7 @@ class TimedWindow(TrainerCallback):
             if state.is_world_process_zero:
                 record = {"first_step": self.start + 1, "last_step": step, "steps": step - self.start,
                           "seconds": seconds}
-                Path(args.output_dir, "bench_window.json").write_text(json.dumps(record) + "\n")
+                atomic_write_json(Path(args.output_dir, "bench_window.json"), record)
 
 
 def main(argv) -> int:

@@ -1,5 +1,5 @@
 """The run's arguments, from a JSON config and the flags that override it, each checked by its rule before anything
-is written. Importing this module loads the standard library only: a job script learns where the run writes
+is written. Importing this module loads no third-party package: a job script learns where the run writes
 (`python -m qa.arguments output_dir CONFIG [ARGS...]`) without transformers (about 9 s)."""
 import json
 import logging
@@ -9,8 +9,11 @@ import sys
 from dataclasses import dataclass, field, fields
 from functools import partial
 
+from qa.data.files import check_data_file
+from qa.data.sources import parse_slice
 from qa.errors import EXIT_OUT_OF_MEMORY, InputError, command
 from qa.io import read_json
+from qa.model import check_model_source
 
 logger = logging.getLogger(__name__)
 # transformers' own default, fixed here so that the job script (job_time.jsonl goes there) and the run agree
@@ -94,25 +97,17 @@ class Folder:
         return why and f"cannot be created: {parent} {why}"
 
 
-# The checks of settings that other modules own import them (and transformers) when a setting is checked, not when a
-# job script reads output_dir.
 def _model(name, value, values) -> None:
-    from qa.model import check_model_source
-
     if value is not None:
         check_model_source(value)
 
 
 def _data_file(name, value, values) -> None:
-    from qa.data.files import check_data_file
-
     if value is not None:
         check_data_file(value)
 
 
 def _articles(name, value, values) -> None:
-    from qa.data.sources import parse_slice
-
     if value is not None:
         parse_slice(value, f"--{name}")
 

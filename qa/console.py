@@ -82,12 +82,10 @@ def log_lines_callback(training_args) -> TrainerCallback:
     return LogLinesCallback() if training_args.disable_tqdm else LogLinesProgressCallback()
 
 
-def replace_log_printer(trainer, callback) -> bool:
+def replace_log_printer(trainer, callback) -> None:
     """Puts `callback` in place of the Trainer's printer or progress callback, through its
-    public pop_callback/add_callback. False (nothing changed) when the Trainer has neither,
-    e.g. in a notebook, whose progress display is left alone."""
+    public pop_callback/add_callback; a Trainer with neither (e.g. in a notebook, whose progress
+    display is left alone) is left as it is."""
     removed = [trainer.pop_callback(cls) for cls in (ProgressCallback, PrinterCallback)]
-    if not any(removed):
-        return False
-    trainer.add_callback(callback)
-    return True
+    if any(removed):
+        trainer.add_callback(callback)

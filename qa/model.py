@@ -28,7 +28,7 @@ def bundled_minilm_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
-def build_random_bert(folder: Path, shape: dict, seed: int = 0) -> Path:
+def build_random_bert(folder: Path, shape: dict) -> Path:
     """Writes a random BERT for QA of `shape` (BertConfig fields) with the bundled MiniLM's vocabulary
     into `folder`, once: ranks and jobs that start together take turns on a lock, the first builds it."""
     import fcntl
@@ -43,7 +43,7 @@ def build_random_bert(folder: Path, shape: dict, seed: int = 0) -> Path:
         if (folder / "config.json").exists():
             return folder
         tokenizer = AutoTokenizer.from_pretrained(bundled_minilm_dir())
-        set_seed(seed)
+        set_seed(0)  # the same weights whoever builds it
         model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **shape))
         tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
         # Written by hand: once a process group exists, transformers 5's save_pretrained writes
@@ -139,18 +139,16 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     attention always gets its mask, and a failed compilation runs eagerly (qa.training.compile)."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-    from qa.training.compile import configure_compile, fall_back_when_compile_fails, keep_mask_when_compiled
-
     path = resolve_model_path(model_args.model_name_or_path, work_dir)
+    tokenizer_path = resolve_model_path(model_args.tokenizer_name, work_dir) if model_args.tokenizer_name else path
     kwargs = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
     kernel = model_args.attn_implementation
-    configure_compile(model_args)
     # transformers' LOAD REPORT table reads like a failure for a base BERT (no QA head yet, an unused
     # pooler); _check_loading says in one line what the loading means instead.
     loading_logger = logging.getLogger(TRANSFORMERS_LOADING_LOGGER)
     loading_logger.addFilter(_not_load_report)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, **kwargs)
         model, info = AutoModelForQuestionAnswering.from_pretrained(
             path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs,
             **({"attn_implementation": kernel} if kernel else {}))
@@ -178,6 +176,9 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
                          "use a model that ships tokenizer.json")
     _check_loading(model, path, info, training, require_head)
     if compile:
+        from qa.training.compile import configure_compile, fall_back_when_compile_fails, keep_mask_when_compiled
+
+        configure_compile(model_args)
         keep_mask_when_compiled(model)
         fall_back_when_compile_fails()
     return model, tokenizer

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from qa.distributed import distributed
 from qa.training.compile import collate_rows, forward_backward, rng_kept
 from qa.training.flops import gradient_size
 from scaling.bandwidth import GB, busbw_from_algbw
@@ -195,7 +196,7 @@ class CommunicationMeasurement(TrainerCallback):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if not distributed():
             return
         trainer, started = self.trainer, time.perf_counter()
         model = trainer.model_wrapped

@@ -182,6 +182,12 @@ class _Tiny:
                                     torch_compile=False, per_device_train_batch_size=2, gradient_accumulation_steps=1)
         self.state = SimpleNamespace(log_history=[], global_step=0)
 
+    def step(self, callback, control=None):
+        """One optimizer step, as the Trainer signals it to `callback`, without a batch."""
+        callback.on_step_begin(self.args, self.state, control)
+        self.state.global_step += 1
+        callback.on_step_end(self.args, self.state, control)
+
 
 def test_callback_counts_the_batches_the_model_sees():
     import torch
@@ -332,9 +338,7 @@ def test_timed_window_with_a_minimum_duration_stays_open_past_its_last_step():
         time.sleep(0.05)
         t.state.global_step += 1
         cb.on_step_end(t.args, t.state, control)
-    cb.on_step_begin(t.args, t.state, control)
-    t.state.global_step += 1
-    cb.on_step_end(t.args, t.state, control)
+    t.step(cb, control)
     cb.on_train_end(t.args, t.state, control)
     s = cb.summary()
     assert not control.should_training_stop and s["train_window_complete"] and s["train_window_min_s"] == 0.25
@@ -345,9 +349,7 @@ def test_timed_window_with_a_minimum_duration_stays_open_past_its_last_step():
     t.state.global_step = 0
     early.on_train_begin(t.args, t.state, None, model=t.model)
     for _ in range(3):
-        early.on_step_begin(t.args, t.state, control)
-        t.state.global_step += 1
-        early.on_step_end(t.args, t.state, control)
+        t.step(early, control)
     early.on_train_end(t.args, t.state, control)
     s = early.summary()
     assert s["train_window_complete"] and s["train_window_last_step"] == 3 and s["train_window_steps"] == 2
@@ -365,9 +367,7 @@ def test_clock_starts_at_the_first_step():
     cb.on_train_begin(t.args, t.state, None, model=t.model)
     time.sleep(0.3)  # before the first step
     for _ in range(2):
-        cb.on_step_begin(t.args, t.state, None)
-        t.state.global_step += 1
-        cb.on_step_end(t.args, t.state, None)
+        t.step(cb)
     cb.on_train_end(t.args, t.state, None)
     s = cb.summary()
     assert s["train_data_time_total_s"] < 0.1 and s["train_step_time_total_s"] < 0.1

@@ -35,7 +35,7 @@ def table_digest(dataset) -> str:
         table = dataset.with_format("arrow")[:]  # the rows it holds, also for a select()ed view
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        _DIGESTS[dataset] = hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
+        _DIGESTS[dataset] = hashlib.sha256(sink.getvalue()).hexdigest()
     return _DIGESTS[dataset]
 
 

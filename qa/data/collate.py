@@ -13,15 +13,14 @@ LENGTH_COLUMN = "length"
 
 def feature_lengths(features) -> np.ndarray:
     """Each feature's token count, from the Arrow list offsets of input_ids (no Python loop)."""
-    column = features.with_format("arrow")["input_ids"].combine_chunks()
-    return pc.list_value_length(column).to_numpy().astype(np.int32)
+    return pc.list_value_length(features.with_format("arrow")["input_ids"]).to_numpy().astype(np.int32)
 
 
-def add_length_column(features, name: str = LENGTH_COLUMN):
+def add_length_column(features):
     """`features` with each feature's token count, so a length-grouped sampler need not read every row."""
-    if name in features.column_names:
+    if LENGTH_COLUMN in features.column_names:
         return features
-    return features.add_column(name, feature_lengths(features))
+    return features.add_column(LENGTH_COLUMN, feature_lengths(features))
 
 
 class BucketPaddingCollator:

@@ -1,11 +1,9 @@
 """Where each split comes from (data files, the Hugging Face Hub or the generator), every source
-ending as a validated `datasets.Dataset` with the columns of the Hub's `rajpurkar/squad`; and where
-the official SQuAD v1.1 dev set is, which tests and benchmarks read."""
+ending as a validated `datasets.Dataset` with the columns of the Hub's `rajpurkar/squad`."""
 import gc
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 from qa.errors import InputError

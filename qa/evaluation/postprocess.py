@@ -4,7 +4,7 @@ ties and fallbacks included), vectorised with numpy: the 10,784 dev features in 
 import logging
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import pyarrow as pa
@@ -233,7 +233,5 @@ class PostProcessing:
         return cls(**{f.name: getattr(data_args, f.name) for f in fields(cls)})
 
     def __call__(self, examples, features, start_logits, end_logits, output_dir=None, prefix=None):
-        return postprocess_qa_predictions(
-            examples, features, start_logits, end_logits, version_2_with_negative=self.version_2_with_negative,
-            n_best_size=self.n_best_size, max_answer_length=self.max_answer_length,
-            null_score_diff_threshold=self.null_score_diff_threshold, output_dir=output_dir, prefix=prefix)
+        return postprocess_qa_predictions(examples, features, start_logits, end_logits, **asdict(self),
+                                          output_dir=output_dir, prefix=prefix)

@@ -40,14 +40,18 @@ def _recipe(cfg: dict, world: int) -> str:
             f"{cfg.get('max_query_length')} tokens; seed {cfg.get('seed')}")
 
 
-def _number(results: dict, key: str, unit: str = "", digits: int = 2):
+def number(results: dict, key: str, unit: str = "", digits: int = 2):
+    """results[key] as the results tables show it; None when absent."""
     value = results.get(key)
-    return None if value is None else f"{value:,.{digits}f}{unit}"
+    if value is None:
+        return None
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return f"{value:,.{digits}f}{unit}" if numeric else str(value)
 
 
 def _training_time(results: dict):
-    runtime = _number(results, "train_runtime", " s", 1)
-    alone = _number(results, "train_seconds_excluding_evaluation", " s", 1)
+    runtime = number(results, "train_runtime", " s", 1)
+    alone = number(results, "train_seconds_excluding_evaluation", " s", 1)
     if runtime and alone:  # the Trainer's clock ran on through the evaluations during training
         return f"{runtime}, of which {alone} training and the rest {results.get('eval_during_training_count')} " \
                "evaluations during training"
@@ -59,7 +63,7 @@ def model_card(output_dir, results: dict, env: dict, device: str) -> str:
     cfg, folder = env["config"], os.fspath(output_dir)
     world = int(env["distributed"].get("WORLD_SIZE", "1"))
     version = "SQuAD v2.0 (may answer that there is no answer)" if cfg.get("version_2_with_negative") else "SQuAD v1.1"
-    f1, em = _number(results, "eval_f1"), _number(results, "eval_exact_match")
+    f1, em = number(results, "eval_f1"), number(results, "eval_exact_match")
     scores = f"F1 {f1} / EM {em} on {results.get('eval_examples', 0):,} questions" if f1 and em else "not evaluated"
     rows = [("base model", cfg.get("model_name_or_path")), ("task", f"extractive question answering, {version}"),
             ("training data", split_source(cfg, "train")),

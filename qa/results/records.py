@@ -5,14 +5,15 @@ import socket
 import subprocess
 import sys
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 from qa.data.sources import split_source
 from qa.data.synthetic import synthetic_squad
 from qa.io import atomic_write_json, atomic_write_text, read_json
-from qa.results.model_card import write_model_card
+from qa.results.model_card import number, write_model_card
 
-REPO_DIR = Path(__file__).resolve().parents[1]
+REPO_DIR = Path(__file__).resolve().parents[2]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
               "SLURM_GPUS_ON_NODE", "SLURM_RESTART_COUNT", "SLURM_JOB_PARTITION", "SLURM_ARRAY_TASK_ID")
 DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -87,11 +88,7 @@ def device_name(env: dict) -> str:
 
 def results_markdown(results: dict, env: dict) -> str:
     """The run in a short table: the figures of the steps it ran, each with the data it read (none: no row)."""
-    def fmt(key, unit="", digits=2):
-        v = results.get(key)
-        if v is None:
-            return None
-        return f"{v:,.{digits}f}{unit}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    fmt = partial(number, results)
 
     cfg = env["config"]
     rows = [("model", cfg.get("model_name_or_path")), ("device", device_name(env)),
@@ -182,7 +179,7 @@ def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
 
 
 def communication_rows(results: dict, fmt) -> list:
-    """What qa.communication measured and the switches in effect."""
+    """What the scaling study's communication measurement recorded (scaling/comm_measure.py), switches included."""
     mb = results.get("comm_allreduce_bytes")
     rows = [("gradient communication", f"{results.get('comm_world_size')} ranks on {fmt('comm_nodes', '', 0)} "
              f"node(s), {results.get('comm_backend')}, {results.get('comm_wrapper')}; hook "

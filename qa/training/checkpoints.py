@@ -230,7 +230,7 @@ def find_checkpoint(output_dir, resume: str, run):
                                  "afresh over it")
     _move_aside(output_dir, [p for p in found if not is_complete(p)], "incomplete")
     aside = _move_aside(output_dir, [path for path, _ in damaged], "damaged", log=False)
-    for path, problem in damaged:  # one line each
+    for path, problem in damaged:
         logger.warning("%s is damaged (%s): moved to %s; resuming from %s", path.name, problem, aside, chosen.name)
     if chosen is not None:
         logger.info("resuming from %s", chosen)

@@ -18,8 +18,7 @@ from transformers import AttentionInterface, AttentionMaskInterface, TrainerCall
 from transformers.masking_utils import sdpa_mask
 
 from qa.data.collate import feature_lengths
-from qa.errors import InputError
-from qa.training.telemetry import compile_delta, compile_stats
+from qa.training.telemetry import compile_stats, delta
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +32,6 @@ def configure_compile(model_args) -> None:
     """--compile_dynamic and --compile_regional, as the ACCELERATE_DYNAMO_* variables from which accelerate's
     TorchDynamoPlugin fills the fields the Trainer leaves unset."""
     dynamic = model_args.compile_dynamic
-    if dynamic not in ("auto", "true", "false"):
-        raise InputError(f"compile_dynamic={dynamic}", "unknown value", "use auto, true or false")
     if dynamic != "auto":
         os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] = dynamic
     if model_args.compile_regional:
@@ -179,7 +176,7 @@ class CompileWarmupCallback(TrainerCallback):
                 forward_backward(trainer, model, collate_rows(trainer, rows))
             model.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - started
-        compiled = compile_delta(before, compile_stats())
+        compiled = delta(before, compile_stats())
         self.record = {"compile_warmup_shapes": [[len(rows), width] for width, rows in shapes],
                        "compile_warmup_s": round(seconds, 3),
                        "compile_warmup_compiles": compiled.get("compiles"),

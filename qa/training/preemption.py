@@ -1,4 +1,4 @@
-"""Checkpoint on SIGTERM (SLURM's time limit or preemption; job_ft3.sh/job_ddp.sh forward it),
+"""Checkpoint on SIGTERM (SLURM's time limit or preemption; jobs/launch.sh forwards it),
 every rank stopping at the same step; run_qa.py then exits with EXIT_INTERRUPTED, and a rerun
 (`--resume auto`) continues from the checkpoint."""
 import logging

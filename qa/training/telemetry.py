@@ -71,8 +71,8 @@ def perf_metrics(*, steps, samples, real_tokens, batch_tokens, flops, step_s, da
     per_device_flops = rate(flops, busy)
     return {
         "step_time_s": step_s / steps if steps else None,
-        "samples_per_s": None if rate(samples, busy) is None else rate(samples, busy) * world_size,
-        "real_tokens_per_s": None if rate(real_tokens, busy) is None else rate(real_tokens, busy) * world_size,
+        "samples_per_s": rate(samples * world_size, busy),
+        "real_tokens_per_s": rate(real_tokens * world_size, busy),
         "padding_fraction": padding_fraction(real_tokens, batch_tokens),
         "data_time_share": share(data_s, busy),
         "tflops_per_device": None if per_device_flops is None else per_device_flops / 1e12,
@@ -136,8 +136,8 @@ def compile_stats():
             "recompiles": _RECOMPILES["count"], "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
-def compile_delta(before, after) -> dict:
-    """The compile counts between two compile_stats() readings."""
+def delta(before: dict, after: dict) -> dict:
+    """What grew between two readings of counters (compile_stats(), the telemetry's counts)."""
     return {k: after[k] - before[k] for k in after}
 
 
@@ -156,10 +156,6 @@ class _Counts:
             real, sum_sq = (int(v) for v in self.pending.tolist())  # one device sync
             self.real_tokens, self.sum_sq, self.pending = self.real_tokens + real, self.sum_sq + sum_sq, None
         return {name: getattr(self, name) for name in self.FIELDS}
-
-
-def _since(now: dict, then: dict) -> dict:
-    return {k: v - then[k] for k, v in now.items()}
 
 
 class TelemetryCallback(TrainerCallback):
@@ -182,11 +178,10 @@ class TelemetryCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
         self._cuda = torch.cuda.is_available() and getattr(args.device, "type", "") == "cuda"
         device_name = torch.cuda.get_device_name(args.device) if self._cuda else None
-        self.precision = matmul_precision(args.bf16, args.fp16, args.tf32)
+        self.setup = describe_training(args, model, optimizer, train_dataloader)
+        self.precision, self.world_size = self.setup["matmul_precision"], self.setup["world_size"]
         self.peak, self.peak_source = peak_flops(device_name, self.precision, self.peak_tflops)
         self.shape, self.gradients = model_shape(model), gradient_size(model)
-        self.setup = describe_training(args, model, optimizer, train_dataloader)
-        self.world_size = max(int(getattr(args, "world_size", 1) or 1), 1)
         self.pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.counts, self.timed = _Counts(), {}
         self._logged = self.counts.snapshot()  # the counts at the last log entry
@@ -254,10 +249,10 @@ class TelemetryCallback(TrainerCallback):
             self.timed["open"] = {"at": now, "counts": self.counts.snapshot(), "compiles": compile_stats()}
         if closing:
             del self.timed["open"]
-            counts = _since(self.counts.snapshot(), opened["counts"])
+            counts = delta(opened["counts"], self.counts.snapshot())
             self.timed.update(warmup_s=opened["at"] - self.train_start, seconds=now - opened["at"], counts=counts,
                               memory=self._memory(), last_step=step, complete=True,
-                              compiles=compile_delta(opened["compiles"], compile_stats()))
+                              compiles=delta(opened["compiles"], compile_stats()))
             if self.timed["compiles"]["compiles"]:
                 logger.warning("telemetry: %d compilation(s) inside the timed window (steps %d-%d): its figures "
                                "include compile time", self.timed["compiles"]["compiles"], start + 1, step)
@@ -268,7 +263,7 @@ class TelemetryCallback(TrainerCallback):
         if not (self._training and "loss" in logs and self.counts.steps > self._logged["steps"]):
             return {}
         now = self.counts.snapshot()
-        perf = {**self._perf(_since(now, self._logged)), **self._memory()}
+        perf = {**self._perf(delta(self._logged, now)), **self._memory()}
         self._logged = now
         return {PERF_PREFIX + k: _sig(v, 6) for k, v in perf.items() if v is not None}
 
