@@ -33,6 +33,7 @@ from qa.results.records import environment_record, finish_run, save_split_metric
 from qa.training.callbacks import install, run_callbacks, summary
 from qa.training.checkpoints import find_checkpoint, progress, run_record
 from qa.training.compile import compile_outcome
+from qa.training.flops import settle_tf32
 from qa.training.preemption import EXIT_INTERRUPTED
 from qa.training.runlock import RunLock
 from qa.training.telemetry import token_stats, train_throughput
@@ -66,6 +67,7 @@ def run(argv, callbacks=()):
     # world size) and on_main_rank below need. Logging is configured first so that finalize's notes are shown.
     configure_logging(training_args.should_log)
     finalize(training_args, run_args, explicit)
+    settle_tf32()  # as TrainingArguments left it, readable by both of torch's APIs (inductor reads the older)
     splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
                               ("test", training_args.do_predict)) if on]
     if not splits:

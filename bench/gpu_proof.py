@@ -1,213 +1,497 @@
 #!/usr/bin/env python
-"""The whole proof of the fast path on one GPU, from one command; `--cpu` runs the same steps at
-tiny size on a CPU (what the slow tests run).
+"""The proof of the fast path on one GPU, in pieces that add up across calls: each call runs a preflight, then
+the pieces still missing, in order of value, while its time budget lasts; what comes back is packed small.
 
-    python bench/gpu_proof.py OUTDIR                          # on a GPU node, every step
-    python bench/gpu_proof.py OUTDIR --steps bench,train      # a subset (allocations with a per-command limit)
-    python bench/gpu_proof.py --cpu OUTDIR                    # the same code paths on a CPU, tiny sizes
+    python bench/gpu_proof.py run OUT [--budget_s 420]   # on the GPU machine: OUT gets at most 3 files
+    python bench/gpu_proof.py collect DIR                # here: a call's files into bench/results/gpu/
+    python bench/gpu_proof.py report                     # proof.md rebuilt from every committed piece
+    python bench/gpu_proof.py run OUT --cpu ...          # the CPU rehearsal: the same call at tiny size
 
-Steps, in their order of value; each writes into OUTDIR/<step>/ and OUTDIR/<step>.log as soon as it
-ends, and OUTDIR/proof.json + proof.md are rewritten after every step. A step that fails (or runs
-past --deadline_s) is recorded with its exit status and the next one still runs:
-  bench     bench/run_bench.py --size gpu: reference fp32, reference bf16, fast; every recompilation
-            logged (TORCH_LOGS=recompiles) into bench.log;
-  parity    bench/parity.py --size gpu: time to F1 of the reference and fast recipes, two seeds,
-            the bundled MiniLM on the dev-set split (articles 0:42 / 42:, 384/128);
-  train     one fast-path training through run_qa.py (configs/fast.json, a random bert-base: it costs
-            what the pretrained one costs), 1 epoch of dev articles 0:42, telemetry, MFU, peak GPU
-            memory, TensorBoard, and a bounded profile (profile/operators.txt);
-  variants  bench/run_bench.py --variants fast_no_compile,fast_static64.
-A second invocation with the same OUTDIR runs only the steps not yet finished there (--redo runs
-them again): nothing finished is overwritten.
-
-Time on one H100 (estimated, not measured: no GPU has run it yet), from the published bert-base
-rate (275 samples/s on an A100 for the plain recipe), an H100's ~3x bf16 and ~2x fp32 peak over an
-A100, and ~30 s of process start and tokenizing per run: bench ~5 min (fp32 reference: 7,200 samples
-at ~150-250 samples/s, ~40 s; bf16 reference and fast: 20 s windows; fast's compile warm-up 1-2
-min), parity ~5 min (4 runs of MiniLM, 1/8 of bert-base's FLOPs per token, 2 x 9,600 windows each,
-~1 min a run), train ~3 min (compile warm-up, largely from the cache bench filled, ~10 s of training,
-evaluation): a-c ~13 min of the 20 the issue allows; variants ~4 min.
+Pieces, in order of value (bench/README.md has the prepared call and the estimates):
+  bench       run_bench.py: reference_bf16 against fast, one process each, same call and device (the ratio,
+              MFU on real tokens, the projected 2 epochs, compilations in the window, peak memory, compile outcome)
+  train       one run_qa.py training with configs/fast.json (a random bert-base: it costs what the pretrained one
+              costs), dev articles 0:42, 1 epoch, evaluated on 42:, telemetry, a bounded profile, TensorBoard
+  parity-*    parity.py, one run per piece: the reference and the fast recipe, seeds 42 and 43 (the MiniLM)
+  variants    run_bench.py: reference (fp32), fast_no_compile, fast_static64
+A piece counts as done only when it ran to its end and every compiled variant compiled (dynamo's counters show
+graphs and no frame fell back to eager) with nothing compiled in a timed window. The deadline counts from the
+process's start; each step runs in its own process group, stopped with it at the deadline or on SIGTERM; each
+piece's record and the packed files are written as soon as it ends, so a stopped call keeps what it finished.
 """
 import argparse
 import json
 import os
 import platform
 import shlex
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from run_bench import SIZES as BENCH_SIZES  # the script beside this one
+import psutil
 
 from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, atomic_write_text, read_json
-from qa.model import build_random_bert
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ("bench", "parity", "train", "variants")
+RESULTS = REPO / "bench" / "results" / "gpu"
+PARITY = [f"parity-{recipe}-{seed}" for seed in (42, 43) for recipe in ("reference", "fast")]
+PIECES = ["bench", "train", *PARITY, "variants"]
+# Seconds each piece is expected to take before anything was measured (GPU: from the published A100 rate and an
+# H100's ~3x bf16; CPU: the rehearsal's tiny sizes on 2 cores). Measured ones replace them (estimate()).
+ESTIMATES = {"gpu": {"preflight": 60, "bench": 240, "train": 150, "variants": 300, **dict.fromkeys(PARITY, 90)},
+             "cpu": {"preflight": 30, "bench": 90, "train": 100, "variants": 150, **dict.fromkeys(PARITY, 150)}}
+PACK_MARGIN_S = 15  # kept back at the end of a call for packing
+LIMITS = {"files": 8, "file_bytes": 16 * 2**20, "total_bytes": 64 * 2**20}
+KEEP = {".json", ".md", ".txt", ".log", ".png", ".csv"}  # what comes back; never weights or caches
+SKIP_DIRS = {"models", "features", "hf"}
+SKIP_FILES = {"tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json", "predictions.json",
+              "nbest_predictions.json"}  # the model's files and the answers: large, and no figure of the proof
+TRACE_BUDGET = 12 * 2**20  # compressed traces go in while the archive stays under this
 
-# Per device: (bench size, parity size, model shape of the training step, its data and length flags).
-MODES = {
-    "gpu": dict(bench="gpu", parity="gpu", model=BENCH_SIZES["gpu"]["model"],
-                train=["--train_articles", "0:42", "--validation_articles", "42:", "--num_train_epochs", "1"]),
-    "cpu": dict(bench="cpu", parity="smoke", model=BENCH_SIZES["cpu"]["model"],
-                train=["--train_articles", "2:3", "--validation_articles", "42:43", "--num_train_epochs", "1",
-                       "--max_seq_length", "128", "--doc_stride", "48", "--max_query_length", "32",
-                       "--use_cpu", "true", "--tf32", "false", "--dataloader_num_workers", "1"]),
-}
+CPU_TRAIN = ["--train_articles", "2:3", "--validation_articles", "42:43", "--max_seq_length", "128", "--doc_stride",
+             "48", "--max_query_length", "32", "--use_cpu", "true", "--tf32", "false", "--dataloader_num_workers", "1",
+             "--per_device_eval_batch_size", "64"]
+CPU_BENCH = ["--cpu_compile", "--repeat", "1", "--max_train_samples", "120", "--timed_samples", "48",
+             "--warmup_steps", "1"]
 
 
-def step_command(step, mode, out, dev, on_cpu):
-    """argv of a step (Python scripts of this repository), its output folder inside `out`."""
-    m, folder = MODES[mode], out / step
-    py = [sys.executable]
-    bench_cpu = ["--cpu_compile", "--repeat", "1"] if on_cpu else []  # the compiled path, once
-    if step in ("bench", "variants"):
-        variants = ["--variants", "fast_no_compile,fast_static64"] if step == "variants" else []
-        return py + [str(REPO / "bench" / "run_bench.py"), "--size", m["bench"], "--train_file", str(dev),
-                     *variants, *bench_cpu, "--out", str(folder), "--work", str(out / "work" / step)]
-    if step == "parity":
-        return py + [str(REPO / "bench" / "parity.py"), "--size", m["parity"], "--dev", str(dev),
-                     "--out", str(folder), "--work", str(out / "work" / step)]
-    shape = m["model"]
-    model = build_random_bert(out / "work" / "models" / ("bert-" + "-".join(map(str, shape.values()))), shape)
+def piece_command(piece, mode, work, dev):
+    """argv of a piece (this repository's scripts) writing into work/<piece> (parity pieces: work/parity)."""
+    py, cpu = [sys.executable], mode == "cpu"
+    folder = work / piece
+    if piece in ("bench", "variants"):
+        variants = "reference_bf16,fast" if piece == "bench" else "reference,fast_no_compile,fast_static64"
+        return py + [str(REPO / "bench" / "run_bench.py"), "--size", mode, "--train_file", str(dev), "--variants",
+                     variants, *(CPU_BENCH if cpu else []), "--out", str(folder), "--work", str(work / "work" / piece)]
+    if piece.startswith("parity-"):
+        _, recipe, seed = piece.split("-")
+        return py + [str(REPO / "bench" / "parity.py"), "--size", "smoke" if cpu else "gpu", "--dev", str(dev),
+                     "--recipes", recipe, "--seeds", seed, "--out", str(work / "parity"),
+                     "--work", str(work / "work" / piece)]
+    from run_bench import SIZES  # the script beside this one
+
+    from qa.model import build_random_bert
+
+    shape = SIZES[mode]["model"]
+    model = build_random_bert(work / "work" / "models" / ("bert-" + "-".join(map(str, shape.values()))), shape)
     return py + [str(REPO / "run_qa.py"), str(REPO / "configs" / "fast.json"), "--model_name_or_path", str(model),
-                 "--train_file", str(dev), "--validation_file", str(dev), *m["train"], "--output_dir", str(folder),
-                 "--resume", "never", "--report_to", "tensorboard", "--profile", "true", "--disable_tqdm", "true"]
+                 "--train_file", str(dev), "--validation_file", str(dev), "--num_train_epochs", "1",
+                 *(CPU_TRAIN if cpu else ["--train_articles", "0:42", "--validation_articles", "42:"]),
+                 "--output_dir", str(folder), "--resume", "never", "--report_to", "tensorboard", "--profile", "true",
+                 "--disable_tqdm", "true", "--features_cache_dir", str(work / "work" / "features")]
 
 
-def findings(step, folder):
-    """The figures of a finished step that the proof is about, read from its own result files."""
-    if step in ("bench", "variants"):
+def verdict(piece, folder, code) -> tuple:
+    """-> (status, findings) of a piece that ended with exit status `code`, from its own result files."""
+    if piece in ("bench", "variants"):
         reports = sorted(folder.glob("bench-*.json"))
         if not reports:
-            return {}
+            return "failed", {"why": f"exit status {code}, no report"}
         r = read_json(reports[-1])
-        return {"result": str(reports[-1].relative_to(folder.parent)), "device": r["device"]["name"],
-                "ratios": r["ratios"], **{f"{v}_{k}": s[k] for v, s in r["variants"].items()
-                                          for k in ("samples_per_second", "mfu_real", "projected_2_epochs_s",
-                                                    "compiles_in_window", "peak_memory_gib")}}
-    if step == "parity":
-        reports = sorted(folder.glob("time-to-f1-*/report.json"))
-        if not reports:
-            return {}
-        r = read_json(reports[-1])
-        return {"result": str(reports[-1].relative_to(folder.parent)), "target_f1": r["target_f1"],
-                **{f"{k}_{x}": v.get(x) for k, v in r["recipes"].items()
-                   for x in ("final_f1", "final_f1_mean", "final_f1_spread", "train_seconds_to_target",
-                             "f1_minus_reference", "verdict") if x in v}}
+        keys = ("samples_per_second", "real_tokens_per_second", "mfu_real", "tflops_per_second_real_6n",
+                "projected_2_epochs_s", "compiles_in_window", "peak_memory_gib", "compiled", "warmup_s",
+                "compile_warmup_s", "padding_fraction")
+        found = {"report": reports[-1].name, "variants": {v: {k: s.get(k) for k in keys} for v, s in r["variants"].items()},
+                 "ratios": r["ratios"], "failed": {v: f["why"] for v, f in r.get("failed", {}).items()},
+                 "peak_tflops": r["peak"]["tflops"]}
+        windows_clean = all(s.get("compiles_in_window") == 0 for s in r["variants"].values())
+        ok = code == 0 and not found["failed"] and windows_clean
+        return ("ok" if ok else "failed"), found
+    if piece.startswith("parity-"):
+        _, recipe, seed = piece.split("-")
+        runs = sorted(folder.parent.glob(f"parity/time-to-f1-*/runs/{recipe}-seed{seed}.json"))
+        if code != 0 or not runs:
+            return "failed", {"why": f"exit status {code}"}
+        r = read_json(runs[-1])
+        return "ok", {k: r.get(k) for k in ("eval_f1", "eval_exact_match", "train_seconds_excluding_evaluation",
+                                             "train_examples", "eval_examples")}
     results = folder / "all_results.json"
     if not results.exists():
-        return {}
+        return "failed", {"why": f"exit status {code}, no all_results.json"}
     r = read_json(results)
-    keys = ("train_samples_per_second", "train_runtime", "train_mfu", "train_real_tokens_per_second",
-            "train_peak_memory_gib", "train_peak_rss_gib", "train_batches_padding_fraction", "eval_f1",
-            "eval_exact_match", "compile_warmup_s")
-    return {**{k: r[k] for k in keys if k in r}, "outputs": sorted(
-        p.name for p in folder.iterdir() if p.suffix in (".json", ".md", ".png", ".txt") or p.name == "profile"),
-        "profile_operators": (folder / "profile" / "operators.txt").exists()}
+    keys = ("compiled", "train_samples_per_second", "train_runtime", "train_mfu", "train_real_tokens_per_second",
+            "train_peak_memory_gib", "train_batches_padding_fraction", "compile_warmup_s", "compile_warmup_compiles",
+            "eval_f1", "eval_exact_match", "WALL_CLOCK_SECONDS", "train_profiled_steps")
+    found = {k: r[k] for k in keys if k in r}
+    found["profile_operators"] = (folder / "profile" / "operators.txt").exists()
+    ok = code == 0 and r.get("compiled") == "yes" and found["profile_operators"]
+    if r.get("compiled") != "yes":
+        found["why"] = f"torch.compile: {r.get('compiled') or 'not recorded'}"
+    return ("ok" if ok else "failed"), found
 
 
-def run_step(step, argv, out, deadline):
-    """Runs one step's command into OUTDIR/<step>.log; -> its record. A step past the deadline is
-    stopped with its process group (its DataLoader workers and compile workers too)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    if step in ("bench", "variants"):
-        env["TORCH_LOGS"] = "recompiles"
-    if step == "train":  # its TensorBoard events belong with the proof, whatever the caller's environment says
-        env["TENSORBOARD_LOGGING_DIR"] = str(out / step / "runs")
-    record = {"command": shlex.join(argv), "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    started = time.perf_counter()
-    with open(out / f"{step}.log", "w") as log:
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+def provenance(mode) -> dict:
+    import torch
+    import transformers
+
+    on_gpu = torch.cuda.is_available() and mode == "gpu"
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return {"device": torch.cuda.get_device_name(0) if on_gpu else f"CPU {platform.machine()} x{os.cpu_count()}",
+            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda if on_gpu else None,
+                         "transformers": transformers.__version__, "python": platform.python_version()},
+            "host": platform.node(), "git_commit": git.stdout.strip() or None, "mode": mode}
+
+
+def finished(results: Path) -> dict:
+    """The pieces already done, by the records committed in `results`."""
+    done = {}
+    for path in results.glob("*.json"):
+        if path.stem in PIECES:
+            record = read_json(path)
+            if record.get("status") == "ok":
+                done[path.stem] = record
+    return done
+
+
+def estimate(piece, mode, results: Path, ran: dict) -> float:
+    """Seconds a piece should take: as long as it took before (any call, any outcome), else the default scaled
+    by how this call's pieces so far compared with theirs."""
+    earlier = results / f"{piece}.json"
+    if earlier.exists() and read_json(earlier).get("wall_s"):
+        return read_json(earlier)["wall_s"]
+    scale = [r["wall_s"] / ESTIMATES[mode][p] for p, r in ran.items() if r.get("status") == "ok"]
+    return ESTIMATES[mode][piece] * (statistics.median(scale) if scale else 1.0)
+
+
+class Step:
+    """One child process in its own session, stopped with its whole group at a deadline or when the proof is."""
+
+    current = None
+
+    @classmethod
+    def run(cls, argv, log_path, timeout, env):
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            cls.current = proc
+            try:
+                return proc.wait(timeout=max(1.0, timeout))
+            except subprocess.TimeoutExpired:
+                cls.stop()
+                return None
+            finally:
+                cls.current = None
+
+    @classmethod
+    def stop(cls):
+        proc = cls.current
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait()
-            code = None
-    record["wall_s"] = round(time.perf_counter() - started, 1)
-    record["exit_status"] = code
-    record["status"] = "ok" if code == 0 else ("stopped at the deadline" if code is None else "failed")
-    try:
-        record["findings"] = findings(step, out / step)
-    except (OSError, KeyError, ValueError, InputError) as exc:  # a failed step can leave partial files
-        record["findings"] = {"unreadable": f"{type(exc).__name__}: {exc}"}
-    return record
 
 
-def markdown(proof):
-    lines = [f"# Proof of the fast path: {proof['mode']} mode", "",
-             f"{proof['device']}; {proof['versions']}; `{proof['host']}`.", "",
-             "| step | status | exit | wall s | started (UTC) | log |", "|---|---|---|---|---|---|"]
-    for step, r in proof["steps"].items():
-        lines.append(f"| {step} | {r['status']} | {r.get('exit_status')} | {r.get('wall_s', '')} | "
-                     f"{r.get('started_utc', '')} | [{step}.log]({step}.log) |")
-    lines.append("")
-    for step, r in proof["steps"].items():
-        if r.get("command"):
-            lines += [f"## {step}", "", f"`{r['command']}`", ""]
-            lines += [f"- {k}: {json.dumps(v)}" for k, v in (r.get("findings") or {}).items()] + [""]
-    return "\n".join(lines)
+def pack(work: Path, out: Path, call: str) -> dict:
+    """One call's results into OUT as at most three files: proof-<call>.tar.gz (JSON, Markdown, logs, the operators
+    table, TensorBoard events, then compressed traces while the archive stays small), call.json and call.md."""
+    files, traces, left_out = [], [], []
+    for path in sorted(work.rglob("*")):
+        rel = path.relative_to(work)
+        if (not path.is_file() or path.name in SKIP_FILES or SKIP_DIRS & set(rel.parts[:-1])
+                or any(p.startswith("checkpoint-") for p in rel.parts)):
+            continue
+        if path.name.startswith("trace") and path.suffix == ".json":
+            traces.append(path)
+        elif path.suffix in KEEP or path.name.startswith("events.out.tfevents"):
+            (files if path.stat().st_size < 4 * 2**20 else left_out).append(path)
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / f"proof-{call}.tar.gz"
+    tmp = out / f".tmp-{archive.name}"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for path in files:
+            tar.add(path, arcname=str(path.relative_to(work)))
+        for path in traces:
+            if tmp.stat().st_size + path.stat().st_size // 8 < TRACE_BUDGET:  # traces compress about 10x
+                tar.add(path, arcname=str(path.relative_to(work)))
+            else:
+                left_out.append(path)
+    os.replace(tmp, archive)
+    for name in ("call.json", "call.md"):
+        if (work / name).exists():
+            shutil.copyfile(work / name, out / f".tmp-{name}")
+            os.replace(out / f".tmp-{name}", out / name)
+    return {"archive": archive.name, "bytes": archive.stat().st_size,
+            "left_out": [str(p.relative_to(work)) for p in left_out]}
+
+
+def check_packed(out: Path) -> list:
+    """What breaks the limits on what comes back (empty: nothing)."""
+    problems, total, files = [], 0, [p for p in out.rglob("*") if p.is_file()]
+    if len(files) > LIMITS["files"]:
+        problems.append(f"{len(files)} files (at most {LIMITS['files']})")
+    for p in files:
+        total += p.stat().st_size
+        rel = p.relative_to(out)
+        if p.stat().st_size >= LIMITS["file_bytes"]:
+            problems.append(f"{rel}: {p.stat().st_size} bytes")
+        if len(rel.parts) > 3 or not all(c.isalnum() or c in "._-" for c in str(rel).replace("/", "")):
+            problems.append(f"{rel}: too deep or a name with other characters")
+    if total > LIMITS["total_bytes"]:
+        problems.append(f"{total} bytes in all")
+    return problems
+
+
+def run(args) -> int:
+    mode = "cpu" if args.cpu else "gpu"
+    started = psutil.Process().create_time()  # the budget counts the imports too
+    deadline = started + args.budget_s
+    import torch
+
+    if mode == "gpu" and not torch.cuda.is_available():
+        raise InputError("bench/gpu_proof.py", "no GPU is visible (torch.cuda.is_available() is False)",
+                         "run it on a GPU node, or pass --cpu for the rehearsal")
+    dev = require_squad_dev(args.dev)
+    results = args.results or (RESULTS if mode == "gpu" else None)
+    if results is None:
+        raise InputError("--results", "the CPU rehearsal has no committed results", "give a folder with --results")
+    wanted = args.pieces.split(",") if args.pieces else PIECES
+    for piece in wanted:
+        if piece not in PIECES:
+            raise InputError("--pieces", f"unknown piece {piece!r}", f"choose from {', '.join(PIECES)}")
+    done = finished(results)
+    work = Path(args.work or tempfile.mkdtemp(prefix="gpu-proof-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    out = args.out.resolve()
+    call = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    record = {"call": call, "command": "python bench/gpu_proof.py " + shlex.join(sys.argv[1:]), "budget_s": args.budget_s,
+              **provenance(mode), "already_done": sorted(done), "pieces": {}}
+    seed_parity(results, work)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1",
+               TENSORBOARD_LOGGING_DIR=str(work / "train" / "runs"), TORCH_LOGS="recompiles")
+
+    def save(note=None):
+        record["wall_s"] = round(time.time() - started, 1)
+        if note:
+            record["stopped"] = note
+        atomic_write_json(work / "call.json", record, indent=1)
+        atomic_write_text(work / "call.md", call_markdown(record))
+        record["packed"] = pack(work, out, call)
+
+    def on_signal(signum, frame):
+        Step.stop()
+        save(f"signal {signum}: the piece running then was stopped, the finished ones are kept")
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    todo = ["preflight"] + [p for p in wanted if p not in done]
+    for piece in todo:
+        left = deadline - time.time() - PACK_MARGIN_S
+        need = estimate(piece, mode, results, record["pieces"]) if piece != "preflight" else ESTIMATES[mode][piece]
+        if need > left:
+            record["pieces"][piece] = {"status": "waits", "why": f"needs about {need:.0f} s, {max(left, 0):.0f} s left"}
+            print(f"[{piece}] waits for a later call: needs about {need:.0f} s, {left:.0f} s left", flush=True)
+            continue
+        if piece == "preflight":
+            argv = [sys.executable, str(REPO / "bench" / "preflight.py"), str(work / "preflight" / "preflight.json")]
+            (work / "preflight").mkdir(exist_ok=True)
+        else:
+            argv = piece_command(piece, mode, work, dev)
+        (work / "logs").mkdir(exist_ok=True)
+        print(f"[{piece}] running (about {need:.0f} s, {left:.0f} s left)", flush=True)
+        began = time.time()
+        code = Step.run(argv, work / "logs" / f"{piece}.log", left, env)
+        entry = {"status": "stopped at the deadline" if code is None else None, "exit_status": code,
+                 "command": shlex.join(argv).replace(str(work), "$WORK").replace(str(REPO) + "/", ""),
+                 "started_utc": datetime.fromtimestamp(began, timezone.utc).isoformat(timespec="seconds"),
+                 "wall_s": round(time.time() - began, 1), **provenance(mode)}
+        if piece == "preflight":
+            pf = work / "preflight" / "preflight.json"
+            entry["findings"] = read_json(pf) if pf.exists() else {}
+            entry["status"] = entry["status"] or ("ok" if code == 0 else "failed")
+        else:
+            status, entry["findings"] = verdict(piece, work / piece, code)
+            entry["status"] = entry["status"] or status
+        record["pieces"][piece] = entry
+        print(f"[{piece}] {entry['status']} in {entry['wall_s']} s", flush=True)
+        save()
+    save()  # the pieces that wait are in the record too
+    problems = check_packed(out)
+    record["packed"]["problems"] = problems
+    print(call_markdown(record))
+    print(json.dumps({"out": str(out), "packed": record["packed"]}))
+    return 1 if problems else 0
+
+
+def seed_parity(results: Path, work: Path) -> None:
+    """The parity runs committed so far into the call's parity folder: its report is rebuilt from all of them."""
+    for runs in results.glob("parity/time-to-f1-*/runs"):
+        target = work / "parity" / runs.parent.name / "runs"
+        target.mkdir(parents=True, exist_ok=True)
+        for path in runs.glob("*.json"):
+            shutil.copy(path, target)
+
+
+def _figures(piece, f) -> str:
+    if not f:
+        return ""
+    if piece in ("bench", "variants"):
+        parts = [f"{v}: {s['samples_per_second']} samples/s, MFU {s['mfu_real']}, compiled {s['compiled']}, "
+                 f"{s['compiles_in_window']} compiles in window" for v, s in (f.get("variants") or {}).items()]
+        ratio = (f.get("ratios") or {}).get("fast/reference_bf16")
+        parts += [f"fast/reference_bf16 {ratio['real_tokens_per_second']}x"] if ratio else []
+        parts += [f"{v} FAILED: {why}" for v, why in (f.get("failed") or {}).items()]
+        return "; ".join(parts)
+    if piece == "preflight":
+        checks = f.get("checks") or {}
+        return ", ".join(f"{k} {'ok' if c.get('ok') else 'FAILED'}" for k, c in checks.items()) + (
+            f"; bf16 matmul {f.get('matmul_bf16_tflops')} TFLOP/s" if f.get("matmul_bf16_tflops") else "")
+    return ", ".join(f"{k} {v}" for k, v in f.items() if k != "train_profiled_steps")
+
+
+def call_markdown(record) -> str:
+    lines = [f"# GPU proof call {record['call']} ({record['mode']})", "",
+             f"{record['device']}; torch {record['versions']['torch']} (CUDA {record['versions']['cuda']}), "
+             f"transformers {record['versions']['transformers']}; git {record['git_commit']}; budget "
+             f"{record['budget_s']} s; already done before: {', '.join(record['already_done']) or 'nothing'}.", "",
+             "| piece | status | wall s | figures |", "|---|---|---|---|"]
+    for piece, r in record["pieces"].items():
+        lines.append(f"| {piece} | {r['status']}{': ' + r['why'] if r.get('why') else ''} | {r.get('wall_s', '')} | "
+                     f"{_figures(piece, r.get('findings'))} |")
+    if record.get("stopped"):
+        lines += ["", f"Stopped: {record['stopped']}"]
+    return "\n".join(lines) + "\n"
+
+
+def collect(args) -> int:
+    """A call's archive into the results folder: each piece's record and files, never over a piece that is done."""
+    results = args.results or RESULTS
+    archives = sorted(Path(args.dir).glob("proof-*.tar.gz"))
+    if not archives:
+        raise InputError(str(args.dir), "holds no proof-*.tar.gz", "give the folder a `run` call's files came back in")
+    done = finished(results)
+    for archive in archives:
+        with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+            tmp = Path(tmp)
+            call = read_json(tmp / "call.json")
+            (results / "calls").mkdir(parents=True, exist_ok=True)
+            atomic_write_json(results / "calls" / f"{call['call']}.json", call, indent=1)
+            for piece, entry in call["pieces"].items():
+                if entry["status"] == "waits":
+                    continue
+                if piece in done:
+                    print(f"{piece}: already done in {results}, kept", file=sys.stderr)
+                    continue
+                if piece != "preflight":
+                    atomic_write_json(results / f"{piece}.json", {**entry, "call": call["call"]}, indent=1)
+                source = tmp / ("parity" if piece.startswith("parity-") else piece)
+                target = results / ("parity" if piece.startswith("parity-") else f"{piece}-{call['call']}"
+                                    if piece == "preflight" else piece)
+                copies = [(p, target / p.relative_to(source)) for p in source.rglob("*")] if source.exists() else []
+                copies.append((tmp / "logs" / f"{piece}.log", target / "logs" / f"{piece}.log"))
+                for path, dest in copies:
+                    if path.is_file() and not path.name.startswith("trace"):  # traces stay out of the tree
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(path, dest)
+    write_report(results)
+    return 0
+
+
+def write_report(results: Path) -> dict:
+    """proof.md and proof.json from every committed piece, each with its own provenance."""
+    pieces = {p: read_json(results / f"{p}.json") for p in PIECES if (results / f"{p}.json").exists()}
+    calls = [read_json(p) for p in sorted((results / "calls").glob("*.json"))] if (results / "calls").exists() else []
+    preflights = {c["call"]: c["pieces"]["preflight"] for c in calls if "preflight" in c.get("pieces", {})}
+    targets = assess(pieces, preflights)
+    report = {"pieces": pieces, "preflights": preflights, "targets": targets, "missing": [p for p in PIECES if
+                                                                                         pieces.get(p, {}).get("status") != "ok"]}
+    lines = ["# The fast path on a GPU: the proof so far", "",
+             "Rebuilt by `python bench/gpu_proof.py report` from every piece committed in this folder; each row names "
+             "the device, versions, date and call that produced it. Ratios are computed only within one call on one "
+             "device.", "", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {t['measured']} | {t['met']} |" for t in targets]
+    lines += ["", "## Pieces", "", "| piece | status | device | versions | date (UTC) | call | wall s | figures |",
+              "|---|---|---|---|---|---|---|---|"]
+    for p in PIECES:
+        r = pieces.get(p)
+        if r is None:
+            lines.append(f"| {p} | not run yet | | | | | | |")
+            continue
+        v = r.get("versions", {})
+        lines.append(f"| {p} | {r['status']} | {r.get('device')} | torch {v.get('torch')}, CUDA {v.get('cuda')}, "
+                     f"transformers {v.get('transformers')} | {r.get('started_utc')} | {r.get('call')} | "
+                     f"{r.get('wall_s')} | {_figures(p, r.get('findings'))} |")
+    lines += ["", "## Preflights", ""]
+    lines += [f"- {call}: {pf['status']}; {_figures('preflight', pf.get('findings'))}" for call, pf in preflights.items()]
+    lines += ["", "Commands: each piece's record (`<piece>.json`) holds its exact command; its files are in the folder "
+              "of the same name.", ""]
+    atomic_write_json(results / "proof.json", report, indent=1)
+    atomic_write_text(results / "proof.md", "\n".join(lines))
+    return report
+
+
+def assess(pieces: dict, preflights: dict) -> list:
+    """The issue's targets against what the committed pieces measured."""
+    out = []
+    bench = pieces.get("bench", {})
+    f = bench.get("findings") or {}
+    fast, ref = (f.get("variants") or {}).get("fast"), (f.get("variants") or {}).get("reference_bf16")
+    ratio = (f.get("ratios") or {}).get("fast/reference_bf16", {}).get("real_tokens_per_second")
+    out.append({"target": "fast >= 3x the bf16 reference (real tokens/s, one call)", "measured": ratio,
+                "met": None if ratio is None else ratio >= 3})
+    mfu = fast.get("mfu_real") if fast else None
+    matmul = next((pf["findings"].get("matmul_bf16_tflops") for pf in preflights.values()
+                   if pf.get("findings", {}).get("device") == bench.get("device")), None)
+    out.append({"target": "MFU on real tokens >= 45% of the spec bf16 peak",
+                "measured": None if mfu is None else f"{mfu:.1%} ({fast.get('tflops_per_second_real_6n')} TFLOP/s of "
+                f"{f.get('peak_tflops')} spec; measured matmul {matmul} TFLOP/s)", "met": None if mfu is None else mfu >= 0.45})
+    projected = fast.get("projected_2_epochs_s") if fast else None
+    out.append({"target": "2 epochs of SQuAD v1.1 projected at <= 60 s", "measured": projected,
+                "met": None if projected is None else projected <= 60})
+    windows = [s.get("compiles_in_window") for p in ("bench", "variants") for s in
+               ((pieces.get(p, {}).get("findings") or {}).get("variants") or {}).values()]
+    out.append({"target": "no compilation inside any timed window", "measured": windows or None,
+                "met": None if not windows else all(w == 0 for w in windows)})
+    f1 = {r: [pieces[p]["findings"]["eval_f1"] for p in PARITY if p.startswith(f"parity-{r}-")
+              and pieces.get(p, {}).get("status") == "ok"] for r in ("reference", "fast")}
+    if all(len(v) == 2 for v in f1.values()):
+        spread = max(max(v) - min(v) for v in f1.values())
+        gap = statistics.mean(f1["reference"]) - statistics.mean(f1["fast"])
+        out.append({"target": "fast F1 no lower than the reference's by more than the seed spread",
+                    "measured": f"reference {f1['reference']}, fast {f1['fast']}, spread {spread:.2f}",
+                    "met": gap <= spread})
+    else:
+        out.append({"target": "fast F1 no lower than the reference's by more than the seed spread",
+                    "measured": f"runs so far: {f1}", "met": None})
+    return out
 
 
 @command
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("outdir", type=Path)
-    parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (no GPU needed)")
-    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, from {', '.join(STEPS)}")
-    parser.add_argument("--dev", type=Path, default=squad_dev_path())
-    parser.add_argument("--deadline_s", type=float, default=None,
-                        help="stop the step running when this many seconds have passed, skip the rest (each "
-                        "recorded): for allocations with a time limit per command")
-    parser.add_argument("--redo", action="store_true", help="run again the steps OUTDIR has already finished")
+    sub = parser.add_subparsers(dest="action", required=True)
+    r = sub.add_parser("run", help="on the GPU machine (or --cpu): a preflight, then the missing pieces")
+    r.add_argument("out", type=Path, help="where the packed files go (at most 3)")
+    r.add_argument("--cpu", action="store_true", help="the rehearsal: tiny sizes on the CPU")
+    r.add_argument("--budget_s", type=float, default=420, help="seconds for the whole call, counted from its start")
+    r.add_argument("--results", type=Path, default=None, help=f"the committed pieces [{RESULTS.relative_to(REPO)}]")
+    r.add_argument("--pieces", default=None, help=f"comma-separated, from {', '.join(PIECES)} [all missing]")
+    r.add_argument("--work", type=Path, default=None, help="scratch folder [a new temporary one]")
+    r.add_argument("--dev", type=Path, default=squad_dev_path())
+    c = sub.add_parser("collect", help="here: a call's files into the results folder, then the report")
+    c.add_argument("dir", type=Path)
+    c.add_argument("--results", type=Path, default=None)
+    w = sub.add_parser("report", help="here: proof.md from the committed pieces")
+    w.add_argument("--results", type=Path, default=None)
     args = parser.parse_args(argv)
-    steps = args.steps.split(",")
-    for step in steps:
-        if step not in STEPS:
-            raise InputError("--steps", f"unknown step {step!r}", f"choose from {', '.join(STEPS)}")
-    dev = require_squad_dev(args.dev)
-
-    import torch
-    import transformers
-
-    on_gpu = torch.cuda.is_available()
-    if not on_gpu and not args.cpu:
-        raise InputError("bench/gpu_proof.py", "no GPU is visible (torch.cuda.is_available() is False)",
-                         "run it on a GPU node, or pass --cpu for the tiny CPU mode")
-    mode = "cpu" if args.cpu else "gpu"
-    deadline = None if args.deadline_s is None else time.time() + args.deadline_s
-    out = args.outdir.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    proof_file = out / "proof.json"
-    proof = read_json(proof_file) if proof_file.exists() else {"steps": {}}
-    if proof.get("mode", mode) != mode:
-        raise InputError(str(proof_file), f"holds a {proof['mode']} proof", "give another OUTDIR for this mode")
-    proof.update(mode=mode, host=platform.node(), device=torch.cuda.get_device_name(0) if on_gpu else
-                 f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}",
-                 versions=f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers "
-                          f"{transformers.__version__}, Python {platform.python_version()}")
-    for step in steps:
-        if proof["steps"].get(step, {}).get("status") == "ok" and not args.redo:
-            print(f"[{step}] already finished in {out}: kept (--redo runs it again)", file=sys.stderr)
-            continue
-        if deadline is not None and time.time() >= deadline:
-            proof["steps"][step] = {"status": "skipped: deadline reached"}
-        else:
-            print(f"[{step}] running, log {out / (step + '.log')}", file=sys.stderr, flush=True)
-            proof["steps"][step] = run_step(step, step_command(step, mode, out, dev, not on_gpu), out, deadline)
-            print(f"[{step}] {proof['steps'][step]['status']} in {proof['steps'][step]['wall_s']} s",
-                  file=sys.stderr, flush=True)
-        atomic_write_json(proof_file, proof, indent=1)
-        atomic_write_text(out / "proof.md", markdown(proof))
-    failed = [s for s in steps if proof["steps"][s]["status"] != "ok"]
-    print(json.dumps({"proof": str(out / "proof.md"), "not_ok": failed}))
-    return 1 if failed else 0
+    if args.action == "run":
+        return run(args)
+    if args.action == "collect":
+        return collect(args)
+    write_report(args.results or RESULTS)
+    return 0
 
 
 if __name__ == "__main__":

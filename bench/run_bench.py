@@ -53,7 +53,7 @@ from pathlib import Path
 from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
 from qa.arguments import to_flags
 from qa.errors import command
-from qa.io import read_json
+from qa.io import atomic_write_json, atomic_write_text, read_json
 from qa.model import build_random_bert
 from qa.training.flops import mfu, model_flops, peak_flops
 
@@ -197,17 +197,26 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
     wall = time.perf_counter() - started
     results_file, window_file = out / "all_results.json", out / "bench_window.json"
     if proc.returncode != 0 or not results_file.exists():
-        tail = (work / f"log-{name}.txt").read_text()[-3000:]
-        raise SystemExit(f"variant {name} failed (exit {proc.returncode}); log tail:\n{tail}")
+        raise VariantFailed(f"exit status {proc.returncode}", work / f"log-{name}.txt")
     results = read_json(results_file)
     if not window_file.exists() or (window and not results.get("train_window_complete")):
-        raise SystemExit(f"variant {name} ended before its timed window closed: {results}")
+        raise VariantFailed("it ended before its timed window closed", work / f"log-{name}.txt")
+    if settings.get("torch_compile") and results.get("compiled") != "yes":  # eager figures under a compiled name
+        raise VariantFailed(f"torch.compile {results.get('compiled') or 'not recorded'}", work / f"log-{name}.txt")
     environment = read_json(out / "environment.json")
     for f in out.glob("*.safetensors"):  # the trained weights are of no use here
         f.unlink()
     return {"settings": settings, "notes": notes, "run_qa_args": argv, "results": results,
             "window": read_json(window_file), "environment": environment, "threads": env.get("OMP_NUM_THREADS"),
             "process_wall_s": round(wall, 1)}
+
+
+class VariantFailed(Exception):
+    """A variant that gave no figure: why, and its log (the report keeps the log's tail)."""
+
+    def __init__(self, why, log_file):
+        super().__init__(why)
+        self.record = {"why": why, "log_tail": Path(log_file).read_text(errors="replace")[-3000:]}
 
 
 def window_rate(raw) -> float:
@@ -294,6 +303,7 @@ def summarise(name, raw, size, peak_flops_per_s):
         "first_step_s": res.get("train_first_step_s"),
         "process_wall_s": raw["process_wall_s"],
         "compile": setup.get("compile"),
+        "compiled": res.get("compiled"),  # the run's own verdict from dynamo's counters (None: not compiled)
         "compiles_in_window": res.get("train_window_compiles"),
         "recompiles_in_window": res.get("train_window_recompiles"),
         "compile_warmup_s": res.get("compile_warmup_s"),
@@ -310,7 +320,7 @@ def summarise(name, raw, size, peak_flops_per_s):
 def instruments_off(runs: dict):
     """What the instruments cost: steps/s of `fast` with and without them, both from the
     benchmark's own window (bench/timed_run.py), median of the repeats; None unless both ran."""
-    if not {"fast", "fast_no_instruments"} <= set(runs):
+    if not (runs.get("fast") and runs.get("fast_no_instruments")):
         return None
     rates = {name: [round(r["window"]["steps"] / r["window"]["seconds"], 3) for r in runs[name]]
              for name in ("fast", "fast_no_instruments")}
@@ -344,8 +354,63 @@ def ratios(variants: dict) -> dict:
     return out
 
 
+def build_report(runs: dict, failed: dict, c: dict) -> dict:
+    """The report of what has run so far: the variants with figures, the failed ones with why."""
+    import torch
+    import transformers
+
+    args, size = c["args"], c["size"]
+    raw = {}
+    for name, rs in runs.items():
+        if name == "fast_no_instruments" or not rs:  # no telemetry: only the benchmark's own window (instruments_off)
+            continue
+        pick, why = median_run(rs)
+        raw[name] = {**rs[pick], "repeat_samples_per_second": [round(window_rate(r), 2) for r in rs],
+                     "repeat_compiles_in_window": [window_compiles(r) for r in rs],
+                     "reported_run": {"index": pick, "why": why}}
+    summaries = {name: summarise(name, r, size, c["peak"]) for name, r in raw.items()}
+    first = next(iter(raw.values()), None)
+    env = first["environment"] if first else {}
+    return {
+        "benchmark": "bench/run_bench.py",
+        "size": args.size,
+        "command": c["command"],
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "device": device_of(first) if first else {"kind": "cuda" if c["on_gpu"] else "cpu", "name": _device_name()[0]},
+        "gpu_available": c["on_gpu"],
+        "peak": {"tflops": c["peak"] / 1e12 if c["peak"] else None, "source": c["peak_source"], "precision": "bf16"},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "cuda": torch.version.cuda,
+                     **{k: v for k, v in env.get("versions", {}).items() if k not in ("python", "torch", "transformers")}},
+        "git_commit": env.get("git_commit"),
+        "load_avg": {"before": [round(x, 2) for x in c["load_before"]],
+                     "after": [round(x, 2) for x in os.getloadavg()]},
+        "model": {**model_of(first["results"]), "random_init": True} if first else None,
+        "data": {"source": data_source(args.train_file),
+                 "max_seq_length": size["max_seq_length"], "doc_stride": size["doc_stride"],
+                 "max_query_length": size["max_query_length"],
+                 **(summaries[next(iter(summaries))]["data"] if summaries else {})},
+        "variants": summaries,
+        "failed": failed,
+        "window": {"warmup_steps": args.warmup_steps, "timed_samples": args.timed_samples,
+                   "min_s": args.window_min_s or None},
+        "ratios": ratios(summaries),
+        "instruments_off": instruments_off(runs),
+    }
+
+
+def failed_lines(report: dict) -> list:
+    return [f"- **{name} failed**: {r['why']} (no figure; the log's tail is in the JSON)"
+            for name, r in (report.get("failed") or {}).items()]
+
+
 def markdown(report: dict) -> str:
     v = report["variants"]
+    if not v:
+        return "\n".join([f"# Training speed: {report['size']} size on {report['device']['name']}", "",
+                          f"{report['date_utc']}; `{report['command']}`: no variant has a figure yet.", "",
+                          *failed_lines(report), ""])
 
     def f(x, fmt="{:,.1f}", none="n/a"):
         return none if x is None else fmt.format(x)
@@ -386,6 +451,7 @@ def markdown(report: dict) -> str:
             f"{f(r['projected_2_epochs_s'], '{:,.0f} s')} | {f(r['warmup_s'], '{:.1f} s')} | "
             f"{f(r.get('compiles_in_window'), '{:d}', 'not counted')} | {ratio(name, 'reference')} | "
             f"{ratio(name, 'reference_bf16')} |")
+    lines += ["", *failed_lines(report)] if report.get("failed") else []
     marked = [name for name, r in v.items() if compiled_in_window(r)]
     if marked:
         lines += ["", f"**Not results: {', '.join(marked)}.** Their timed window included graph compilations "
@@ -406,8 +472,8 @@ def markdown(report: dict) -> str:
         u = r["used"] or {}
         comp = r.get("compile") or {}
         graphs = comp.get("unique_graphs") or 0
-        compiled = (f"yes, {graphs} graphs, {comp.get('graph_breaks', 0)} breaks" if graphs
-                    else "requested, no graph" if u.get("torch_compile") else "no")
+        compiled = (f"{r.get('compiled')}, {graphs} graphs, {comp.get('graph_breaks', 0)} breaks"
+                    if u.get("torch_compile") else "no")
         lines.append(f"| {name} | {u.get('attn_implementation')} | {u.get('optimizer')}"
                      f"{' (fused)' if u.get('optimizer_fused') else ''} | {u.get('sampler')} | {u.get('collator')} | "
                      f"{u.get('matmul_precision')} | {compiled} | {u.get('per_device_train_batch_size')} | "
@@ -508,65 +574,36 @@ def main(argv=None):
     model_dir = build_random_bert(work / "models" / ("bert-" + "-".join(str(v) for v in shape.values())), shape)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     load_before = os.getloadavg()
+    started = datetime.now(timezone.utc)
+    stem = f"bench-{args.size}-{_slug(device_name)}-{started.strftime('%Y%m%dT%H%M%SZ')}"
+    command = "python bench/run_bench.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    context = dict(args=args, size=size, peak=peak, peak_source=peak_source, on_gpu=on_gpu, command=command.strip(),
+                   load_before=load_before)
+    args.out.mkdir(parents=True, exist_ok=True)
     # Repeats run interleaved (every variant once, then again), so that a machine that gets busier
-    # or quieter in between affects all variants alike; each variant reports its median run.
-    runs = {name: [] for name in variants}
+    # or quieter in between affects all variants alike; each variant reports its median run. The report
+    # is written again after every variant, so a run stopped at a time limit keeps what it finished.
+    runs, failed = {name: [] for name in variants}, {}
     for _ in range(args.repeat):
         for name in variants:
-            runs[name].append(run_variant(name, args, size, model_dir, work, on_gpu, peak, log))
-    raw = {}
-    for name, rs in runs.items():
-        if name == "fast_no_instruments":  # no telemetry: only the benchmark's own window (instruments_off)
-            continue
-        rate = [window_rate(r) for r in rs]
-        pick, why = median_run(rs)
-        raw[name] = rs[pick]
-        raw[name]["repeat_samples_per_second"] = [round(x, 2) for x in rate]
-        raw[name]["repeat_compiles_in_window"] = [window_compiles(r) for r in rs]
-        raw[name]["reported_run"] = {"index": pick, "why": why}
-    load_after = os.getloadavg()
-    summaries = {name: summarise(name, r, size, peak) for name, r in raw.items()}
-    for name, s in summaries.items():
+            if name in failed:
+                continue
+            try:
+                runs[name].append(run_variant(name, args, size, model_dir, work, on_gpu, peak, log))
+            except VariantFailed as err:
+                failed[name] = err.record
+                log(f"[{name}] failed: {err.record['why']}")
+            report = build_report(runs, failed, context)
+            atomic_write_json(args.out / f"{stem}.json", report, indent=1)
+            atomic_write_text(args.out / f"{stem}.md", markdown(report))
+    for name, s in report["variants"].items():
         log(f"[{name}] {s['samples_per_second']} samples/s, {s['real_tokens_per_second']} real tokens/s, "
             f"padding {s['padding_fraction']:.0%}, MFU {s['mfu_real']}")
-    first = next(iter(raw.values()))
-    env = first["environment"]
-    now = datetime.now(timezone.utc)
-    command = "python bench/run_bench.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    report = {
-        "benchmark": "bench/run_bench.py",
-        "size": args.size,
-        "command": command.strip(),
-        "date_utc": now.isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "device": device_of(first),
-        "gpu_available": on_gpu,
-        "peak": {"tflops": peak / 1e12 if peak else None, "source": peak_source, "precision": "bf16"},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "cuda": torch.version.cuda,
-                     **{k: v for k, v in env.get("versions", {}).items() if k not in ("python", "torch", "transformers")}},
-        "git_commit": env.get("git_commit"),
-        "load_avg": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
-        "model": {**model_of(first["results"]), "random_init": True},
-        "data": {"source": data_source(args.train_file),
-                 "max_seq_length": size["max_seq_length"], "doc_stride": size["doc_stride"],
-                 "max_query_length": size["max_query_length"],
-                 **summaries[next(iter(summaries))]["data"]},
-        "variants": summaries,
-        "window": {"warmup_steps": args.warmup_steps, "timed_samples": args.timed_samples,
-                   "min_s": args.window_min_s or None},
-        "ratios": ratios(summaries),
-        "instruments_off": instruments_off(runs),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench-{args.size}-{_slug(device_name)}-{now.strftime('%Y%m%dT%H%M%SZ')}"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(report))
     if not args.keep:
         shutil.rmtree(work / "runs", ignore_errors=True)
     print(json.dumps({"json": str(args.out / f"{stem}.json"), "markdown": str(args.out / f"{stem}.md"),
-                      "ratios": report["ratios"]}))
-    return 0
+                      "ratios": report["ratios"], "failed": sorted(failed)}))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -233,3 +233,27 @@ def test_run_goes_on_eagerly_when_inductor_fails(tmp_path, monkeypatch, caplog, 
     assert f"| compiled (torch.compile) | {results['compiled']} |" in (out / "results.md").read_text()
     failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("torch.compile failed (")]
     assert len(failed) == 1 and "Traceback" not in err, err[-3000:]
+
+
+def test_compile_outcome_reads_dynamo_counters():
+    """'yes' only with graphs and no frame left eager: the recompile limit, which dynamo passes over silently
+    (one warning, then the frame runs eagerly for good), is a fallback; so is a compile that made no graph."""
+    import torch
+
+    from qa.training.compile import compile_outcome, fall_back_when_compile_fails
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # process-wide: what earlier tests compiled
+    fall_back_when_compile_fails()
+    try:
+        assert compile_outcome() == "fell back: no graph was compiled"
+        double = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+        double(torch.ones(2))
+        assert compile_outcome() == "yes"
+        with torch._dynamo.config.patch(recompile_limit=1):
+            for n in (3, 4, 5):
+                torch.testing.assert_close(double(torch.ones(n)), torch.full((n,), 2.0))
+        outcome = compile_outcome()
+    finally:
+        torch._dynamo.reset()
+    assert outcome.startswith("fell back: the recompile limit was hit"), outcome

@@ -1,110 +1,188 @@
-"""bench/gpu_proof.py --cpu: the GPU proof's one command end to end on a CPU (every step, every
-output file), bench/parity.py's smallest size through it, and the report's arithmetic."""
+"""bench/gpu_proof.py run --cpu: the rehearsal of the prepared GPU call, on a CPU at tiny size. Calls that add up
+(a second call runs only what the first left), the budget, what comes back (at most 8 files, each under 16 MiB, at
+most 2 folders deep), a compiled variant that fell back reported as failed, and parity.py's smallest size through
+it."""
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.helpers import DEV_SET, REPO, bench_module
 
 needs_dev = pytest.mark.skipif(not DEV_SET.exists(), reason=f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)")
+PARITY = "parity-reference-42,parity-fast-42,parity-reference-43,parity-fast-43"
 
 
-def proof(out, *flags, timeout=1800):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, str(REPO / "bench" / "gpu_proof.py"), *flags, str(out)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+def proof(*args, env=None, timeout=1200):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_proof.py"), *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    proc.wall_s = time.monotonic() - started
+    return proc
 
 
-def _module(name):
-    return bench_module(name)
+def call(tmp, name, results, budget, *flags, env=None):
+    """One rehearsed call: its OUT (what would come back), its record, the process."""
+    out = tmp / name / "out"
+    proc = proof("run", out, "--cpu", "--budget_s", budget, "--results", results, "--work", tmp / name / "work", *flags,
+                 env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.wall_s < budget + 10, proc.wall_s  # the budget holds, the process's start up included
+    return out, json.loads((out / "call.json").read_text()), proc
+
+
+def assert_comes_back(out):
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert 0 < len(files) <= 8
+    for p in files:
+        rel = p.relative_to(out)
+        assert p.stat().st_size < 16 * 2**20 and len(rel.parts) <= 3, rel
+        assert all(c.isalnum() or c in "._-" for c in p.name), rel
+    assert sum(p.stat().st_size for p in files) <= 64 * 2**20
 
 
 @pytest.fixture(scope="module")
-def cpu_proof(tmp_path_factory):
+def rehearsal(tmp_path_factory):
     if not DEV_SET.exists():
         pytest.skip(f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)")
-    out = tmp_path_factory.mktemp("proof")
-    proc = proof(out, "--cpu")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out, json.loads((out / "proof.json").read_text())
+    tmp = tmp_path_factory.mktemp("proof")
+    results = tmp / "results"
+    first = call(tmp, "first", results, 600, "--pieces", "bench," + PARITY)
+    assert proof("collect", first[0], "--results", results).returncode == 0
+    second = call(tmp, "second", results, 400)
+    assert proof("collect", second[0], "--results", results).returncode == 0
+    return tmp, results, first, second
 
 
 @pytest.mark.slow
-def test_every_step_runs_and_writes_its_files(cpu_proof):
-    out, p = cpu_proof
-    assert p["mode"] == "cpu" and list(p["steps"]) == ["bench", "parity", "train", "variants"]
-    for step, r in p["steps"].items():
-        assert r["status"] == "ok" and r["exit_status"] == 0 and (out / f"{step}.log").stat().st_size > 0, step
-        assert r["findings"], step
-    for step in ("bench", "variants"):
-        assert len(list((out / step).glob("bench-cpu-*.json"))) == 1 and len(list((out / step).glob("bench-cpu-*.md"))) == 1
-    bench = p["steps"]["bench"]["findings"]
-    assert bench["fast_compiles_in_window"] == 0 and "fast/reference_bf16" in bench["ratios"]
-    variants = p["steps"]["variants"]["findings"]
-    assert variants["fast_no_compile_samples_per_second"] > 0 and variants["fast_static64_compiles_in_window"] == 0
-    train = out / "train"
-    for name in ("all_results.json", "train_results.json", "results.md", "environment.json", "profile/operators.txt"):
-        assert (train / name).stat().st_size > 0, name
-    assert list((train / "runs").rglob("events.out.tfevents.*"))  # TensorBoard
-    t = p["steps"]["train"]["findings"]
-    assert t["profile_operators"] and t["train_samples_per_second"] > 0 and "train_mfu" in t and t["compile_warmup_s"] > 0
-    md = (out / "proof.md").read_text()
-    assert all(f"| {step} | ok | 0 |" in md for step in p["steps"])
+def test_calls_add_up_and_each_comes_back_small(rehearsal):
+    _, results, (out1, call1, _), (out2, call2, _) = rehearsal
+    assert list(call1["pieces"]) == ["preflight", "bench", *PARITY.split(",")]
+    assert all(r["status"] == "ok" for r in call1["pieces"].values()), call1["pieces"]
+    # the second call runs the preflight and only what the first left
+    assert call2["already_done"] == sorted(["bench", *PARITY.split(",")])
+    assert list(call2["pieces"]) == ["preflight", "train", "variants"]
+    assert all(r["status"] == "ok" for r in call2["pieces"].values()), call2["pieces"]
+    for out in (out1, out2):
+        assert_comes_back(out)
+    for piece in ("bench", "train", "variants", *PARITY.split(",")):
+        r = json.loads((results / f"{piece}.json").read_text())
+        assert r["status"] == "ok" and r["device"] and r["versions"]["torch"] and r["started_utc"] and r["command"]
+    proof_md = (results / "proof.md").read_text()
+    assert "not run yet" not in proof_md and "| bench | ok |" in proof_md
 
 
 @pytest.mark.slow
-def test_parity_smallest_size_end_to_end(cpu_proof):
-    """bench/parity.py --size smoke: two recipes x two seeds, each a curve of evaluations during
-    training, the time to a common target, the spread between seeds, a picture."""
-    out, p = cpu_proof
-    folder = next((out / "parity").glob("time-to-f1-smoke-*"))
+def test_every_piece_brings_its_figures(rehearsal):
+    _, results, *_ = rehearsal
+    bench = json.loads((results / "bench.json").read_text())["findings"]
+    assert set(bench["variants"]) == {"reference_bf16", "fast"} and not bench["failed"]
+    assert bench["variants"]["fast"]["compiled"] == "yes" and bench["variants"]["fast"]["compiles_in_window"] == 0
+    assert "fast/reference_bf16" in bench["ratios"]
+    variants = json.loads((results / "variants.json").read_text())["findings"]
+    assert set(variants["variants"]) == {"reference", "fast_no_compile", "fast_static64"}
+    train = json.loads((results / "train.json").read_text())["findings"]
+    assert train["compiled"] == "yes" and train["profile_operators"] and train["train_samples_per_second"] > 0
+    for name in ("all_results.json", "results.md", "environment.json", "profile/operators.txt", "logs/train.log"):
+        assert (results / "train" / name).stat().st_size > 0, name
+    assert list((results / "train" / "runs").glob("events.out.tfevents.*"))  # TensorBoard
+    assert not list(results.rglob("*.safetensors")) and not list(results.rglob("trace*.json"))
+
+
+@pytest.mark.slow
+def test_parity_smallest_size_end_to_end(rehearsal):
+    """bench/parity.py --size smoke through four pieces: two recipes x two seeds, each a curve of evaluations
+    during training, the time to a common target, the spread between seeds, a picture."""
+    _, results, *_ = rehearsal
+    folder = next((results / "parity").glob("time-to-f1-smoke-*"))
     report = json.loads((folder / "report.json").read_text())
     assert sorted((r["recipe"], r["seed"]) for r in report["runs"]) == [
         ("fast", 42), ("fast", 43), ("reference", 42), ("reference", 43)]
-    assert sorted(p.name for p in (folder / "runs").iterdir()) == [
-        "fast-seed42.json", "fast-seed43.json", "reference-seed42.json", "reference-seed43.json"]
     for r in report["runs"]:
         assert len(r["curve"]) >= 2 and r["curve"][-1]["train_seconds"] > r["curve"][0]["train_seconds"] > 0
         assert r["eval_examples"] == 189 and r["train_examples"] == 112  # article 42 held out, article 2 trained on
-    assert report["split"]["validation_articles"] == "42:43"
     ref, fast = report["recipes"]["reference"], report["recipes"]["fast"]
     assert ref["batch"] == 12 and fast["batch"] == 48 and ref["final_f1_spread"] >= 0
-    assert all(s is not None for s in ref["train_seconds_to_target"] + fast["train_seconds_to_target"])
     assert "verdict" in fast and (folder / "f1_vs_time.png").stat().st_size > 10_000
-    md = (folder / "report.md").read_text()
-    assert "seed spread" in md and "python bench/parity.py --size smoke" in md
+    targets = json.loads((results / "proof.json").read_text())["targets"]
+    assert targets[-1]["met"] is not None  # both recipes with both seeds: the F1 target is assessed
 
 
 @pytest.mark.slow
-def test_a_second_call_keeps_what_the_first_finished(cpu_proof, tmp_path):
-    out, _ = cpu_proof
-    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and "work" not in p.parts}
-    proc = proof(out, "--cpu", "--steps", "train,bench", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "already finished" in proc.stderr
-    changed = [p for p, t in before.items() if p.stat().st_mtime_ns != t and p.name not in ("proof.json", "proof.md")]
-    assert changed == []
+def test_collect_never_overwrites_a_finished_piece(rehearsal):
+    tmp, results, (out1, *_), _ = rehearsal
+    before = (results / "bench.json").read_bytes()
+    proc = proof("collect", out1, "--results", results)
+    assert proc.returncode == 0 and "bench: already done" in proc.stderr
+    assert (results / "bench.json").read_bytes() == before
+
+
+@pytest.mark.slow
+@needs_dev
+def test_a_compiled_variant_that_fell_back_is_a_failed_piece(tmp_path):
+    """Inductor without a C++ compiler: dynamo falls back to eager and the run goes on. The bench piece is failed,
+    not a figure."""
+    env = {"CXX": str(tmp_path / "no-compiler"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    out, record, _ = call(tmp_path, "fallback", tmp_path / "results", 300, "--pieces", "bench", env=env)
+    bench = record["pieces"]["bench"]
+    assert bench["status"] == "failed", bench
+    assert bench["findings"]["failed"]["fast"].startswith("torch.compile fell back: "), bench["findings"]
+    assert "fast" not in bench["findings"]["variants"]
+    assert_comes_back(out)
 
 
 @needs_dev
-def test_without_a_gpu_it_asks_for_cpu_mode(tmp_path):
+def test_a_piece_that_does_not_fit_waits(tmp_path):
+    out, record, proc = call(tmp_path, "short", tmp_path / "results", 25, "--pieces", "bench")
+    assert [r["status"] for r in record["pieces"].values()] == ["waits", "waits"], record["pieces"]
+    assert "waits for a later call" in proc.stdout
+    assert_comes_back(out)
+
+
+def test_estimates_come_from_what_ran():
+    gp = bench_module("gpu_proof")
+    from pathlib import Path
+
+    nowhere = Path("/nonexistent")
+    assert gp.estimate("train", "gpu", nowhere, {}) == gp.ESTIMATES["gpu"]["train"]
+    ran = {"preflight": {"status": "ok", "wall_s": 30}, "bench": {"status": "ok", "wall_s": 480}}
+    # this call's pieces took 0.5x and 2x their estimates: the median scales the next one
+    assert gp.estimate("train", "gpu", nowhere, ran) == pytest.approx(gp.ESTIMATES["gpu"]["train"] * 1.25)
+
+
+def test_what_breaks_the_limits_on_what_comes_back(tmp_path):
+    gp = bench_module("gpu_proof")
+    for i in range(9):
+        (tmp_path / f"f{i}.json").write_text("{}")
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "c" / "deep.md").write_text("x")
+    with open(tmp_path / "big.tar.gz", "wb") as f:
+        f.truncate(16 * 2**20)
+    problems = gp.check_packed(tmp_path)
+    assert any("11 files" in p for p in problems) and any("big.tar.gz" in p for p in problems)
+    assert any("deep.md" in p for p in problems)
+
+
+def test_an_unknown_piece_is_one_line(tmp_path):
+    proc = proof("run", tmp_path / "out", "--cpu", "--results", tmp_path, "--pieces", "bench,warp", timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "'warp'" in lines[0] and "--pieces" in lines[0], proc.stderr
+
+
+@needs_dev
+def test_without_a_gpu_it_asks_for_the_rehearsal(tmp_path):
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("a GPU is visible: without --cpu the whole proof would run")
-    proc = proof(tmp_path / "out", timeout=300)
+        pytest.skip("a GPU is visible")
+    proc = proof("run", tmp_path / "out", timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "--cpu" in lines[0] and "no GPU" in lines[0], proc.stderr
     assert not (tmp_path / "out").exists()
-
-
-def test_an_unknown_step_is_one_line(tmp_path):
-    proc = proof(tmp_path / "out", "--cpu", "--steps", "bench,warp", timeout=300)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "'warp'" in lines[0] and "--steps" in lines[0], proc.stderr
 
 
 def _run(recipe, seed, f1, curve):
@@ -116,7 +194,7 @@ def _run(recipe, seed, f1, curve):
 
 
 def test_a_difference_within_the_seed_spread_is_no_difference():
-    parity = _module("parity")
+    parity = bench_module("parity")
     runs = [_run("reference", 42, 50.0, [(100, 30), (200, 50)]), _run("reference", 43, 47.0, [(100, 20), (200, 47)]),
             _run("fast", 42, 49.0, [(50, 40), (100, 49)]), _run("fast", 43, 48.0, [(50, 40), (100, 48)])]
     target = parity.common_target(runs, None)

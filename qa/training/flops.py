@@ -63,14 +63,32 @@ def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
         return "bf16"
     if fp16:
         return "fp16"
-    if tf32 is None:
-        import torch
+    return "tf32" if (tf32_on() if tf32 is None else tf32) else "fp32"
 
-        try:
-            tf32 = torch.get_float32_matmul_precision() != "highest"
-        except RuntimeError:  # torch >= 2.9 refuses once TF32 was set through its newer API
-            tf32 = torch.backends.cuda.matmul.fp32_precision == "tf32"
-    return "tf32" if tf32 else "fp32"
+
+def tf32_on() -> bool:
+    """Whether float32 matmuls run in TF32 now, by the one reading that works whichever API set it."""
+    import torch
+
+    try:
+        return torch.backends.cuda.matmul.fp32_precision == "tf32"
+    except AttributeError:  # torch < 2.9 has the legacy flag alone
+        return torch.backends.cuda.matmul.allow_tf32
+
+
+def settle_tf32() -> bool:
+    """Sets TF32 through torch's two APIs at once, keeping what is set now (transformers >= 5.17 sets it through
+    the newer `fp32_precision` alone); -> whether TF32 is on. After the newer API alone, torch 2.9-2.13 raises
+    on a read of the legacy `allow_tf32` flags, and inductor (torch 2.10/2.11) reads them while compiling: the
+    compilation then fails and the run goes on uncompiled (pytorch#166387)."""
+    import torch
+
+    enable = tf32_on()
+    if hasattr(torch.backends, "fp32_precision"):  # torch >= 2.9
+        torch.backends.fp32_precision = "tf32" if enable else "ieee"
+    torch.backends.cuda.matmul.allow_tf32 = enable
+    torch.backends.cudnn.allow_tf32 = enable
+    return enable
 
 
 def peak_flops(device_name, precision, override_tflops=None):

@@ -101,7 +101,7 @@ def describe_training(args, model, optimizer=None, train_dataloader=None) -> dic
         "sampler": type(sampler).__name__ if sampler is not None else None,
         "collator": type(getattr(train_dataloader, "collate_fn", None)).__name__ if train_dataloader else None,
         "dataloader_num_workers": getattr(train_dataloader, "num_workers", None),
-        "matmul_precision": matmul_precision(args.bf16, args.fp16, args.tf32),
+        "matmul_precision": matmul_precision(args.bf16, args.fp16),  # TF32 as torch has it, not as asked
         "torch_compile": bool(args.torch_compile),
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
@@ -133,7 +133,10 @@ def compile_stats():
     return {"compiles": int(counters["frames"].get("total", 0)),
             "frames_compiled": int(counters["frames"].get("ok", 0)),
             "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "recompiles": _RECOMPILES["count"], "graph_breaks": int(sum(counters["graph_break"].values()))}
+            "recompiles": _RECOMPILES["count"], "graph_breaks": int(sum(counters["graph_break"].values())),
+            # a frame past the limit runs eagerly from then on; dynamo files it under the "unimplemented" counters
+            "recompile_limit_hits": int(sum(n for msg, n in counters["unimplemented"].items()
+                                            if "recompile limit" in msg.lower()))}
 
 
 def delta(before: dict, after: dict) -> dict:
@@ -183,7 +186,7 @@ class TelemetryCallback(TrainerCallback):
         self.peak, self.peak_source = peak_flops(device_name, self.precision, self.peak_tflops)
         self.shape, self.gradients = model_shape(model), gradient_size(model)
         self.pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
-        self.counts, self.timed = _Counts(), {}
+        self.counts, self.timed, self._peak_before_window = _Counts(), {}, 0
         self._logged = self.counts.snapshot()  # the counts at the last log entry
         compile_stats()  # from here on, recompilations are counted too
         self.train_start = self._mark = self._step_start = None
@@ -247,11 +250,14 @@ class TelemetryCallback(TrainerCallback):
             self.timed["first_step_s"] = now - self.train_start
         if step == start:
             self.timed["open"] = {"at": now, "counts": self.counts.snapshot(), "compiles": compile_stats()}
+            if self._cuda:  # the window's peak is its own, not the warm-up's; the run's peak keeps both
+                self._peak_before_window = torch.cuda.max_memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
         if closing:
             del self.timed["open"]
             counts = delta(opened["counts"], self.counts.snapshot())
             self.timed.update(warmup_s=opened["at"] - self.train_start, seconds=now - opened["at"], counts=counts,
-                              memory=self._memory(), last_step=step, complete=True,
+                              memory=self._memory(window=True), last_step=step, complete=True,
                               compiles=delta(opened["compiles"], compile_stats()))
             if self.timed["compiles"]["compiles"]:
                 logger.warning("telemetry: %d compilation(s) inside the timed window (steps %d-%d): its figures "
@@ -267,10 +273,11 @@ class TelemetryCallback(TrainerCallback):
         self._logged = now
         return {PERF_PREFIX + k: _sig(v, 6) for k, v in perf.items() if v is not None}
 
-    def _memory(self) -> dict:
-        out = {"peak_rss_gib": max_rss_gib()}
+    def _memory(self, window=False) -> dict:
+        out = {"peak_rss_gib": max_rss_gib()}  # the host's peak has no reset: the process's
         if self._cuda:
-            out["peak_mem_gib"] = gib(torch.cuda.max_memory_allocated())
+            peak = torch.cuda.max_memory_allocated()
+            out["peak_mem_gib"] = gib(peak if window else max(peak, self._peak_before_window))
         return out
 
     def _flops(self, c: dict) -> float:
