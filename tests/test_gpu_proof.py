@@ -143,6 +143,18 @@ def test_a_piece_that_does_not_fit_waits(tmp_path):
     assert_comes_back(out)
 
 
+@pytest.mark.slow
+@needs_dev
+def test_the_kit_and_the_tree_fit_every_call():
+    """tools/gpu_kit.sh packs the kit as the prepared call carries it and checks the tree plus each carry set (with
+    and without the MiniLM) against 56 MiB: what travels with a call."""
+    proc = subprocess.run([str(REPO / "tools" / "gpu_kit.sh")], cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, PYTHON=sys.executable))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sizes = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("carry size ")]
+    assert len(sizes) == 2 and all(line.endswith("limit 56 MiB") for line in sizes), sizes
+
+
 def test_estimates_come_from_what_ran():
     gp = bench_module("gpu_proof")
     from pathlib import Path
