@@ -166,10 +166,10 @@ def finished(results: Path) -> dict:
 
 
 def estimate(piece, mode, results: Path, ran: dict) -> float:
-    """Seconds a piece should take: as long as it took before (any call, any outcome), else the default scaled
-    by how this call's pieces so far compared with theirs."""
+    """Seconds a piece should take: as long as it took when it last ran to its end, else the default scaled by how
+    this call's pieces so far compared with theirs (a failure's time says nothing of a whole run's)."""
     earlier = results / f"{piece}.json"
-    if earlier.exists() and read_json(earlier).get("wall_s"):
+    if earlier.exists() and read_json(earlier).get("status") == "ok":
         return read_json(earlier)["wall_s"]
     scale = [r["wall_s"] / ESTIMATES[mode][p] for p, r in ran.items() if r.get("status") == "ok"]
     return ESTIMATES[mode][piece] * (statistics.median(scale) if scale else 1.0)
