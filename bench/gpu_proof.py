@@ -123,6 +123,7 @@ def verdict(piece, folder, code) -> tuple:
             "eval_f1", "eval_exact_match", "WALL_CLOCK_SECONDS", "train_profiled_steps")
     found = {k: r[k] for k in keys if k in r}
     found["profile_operators"] = (folder / "profile" / "operators.txt").exists()
+    found["tensorboard_events"] = {e.name: e.stat().st_size for e in sorted(folder.glob("runs/events.out.tfevents.*"))}
     ok = code == 0 and r.get("compiled") == "yes" and found["profile_operators"]
     if r.get("compiled") != "yes":
         found["why"] = f"torch.compile: {r.get('compiled') or 'not recorded'}"
@@ -278,7 +279,10 @@ def run(args) -> int:
     out = args.out.resolve()
     call = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     record = {"call": call, "command": "python bench/gpu_proof.py " + shlex.join(sys.argv[1:]), "budget_s": args.budget_s,
-              **provenance(mode), "already_done": sorted(done), "pieces": {}}
+              **provenance(mode), "already_done": sorted(done), "pieces": {},
+              # what `collect` turns into names: the folders of this machine stay out of the committed results
+              "paths": {"repo": str(REPO), "work": str(work), "out": str(out), "gpu_site": os.environ.get("GPU_SITE"),
+                        "python": sys.executable, "python_env": sys.prefix}}
     seed_parity(results, work)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1",
                TENSORBOARD_LOGGING_DIR=str(work / "train" / "runs"), TORCH_LOGS="recompiles")
@@ -398,7 +402,11 @@ def collect(args) -> int:
         with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
             tmp = Path(tmp)
+            paths = read_json(tmp / "call.json").get("paths") or dict(x.split("=", 1) for x in args.paths.split(",")
+                                                                      if "=" in x)
+            scrub(tmp, paths)
             call = read_json(tmp / "call.json")
+            call.pop("paths", None)
             (results / "calls").mkdir(parents=True, exist_ok=True)
             atomic_write_json(results / "calls" / f"{call['call']}.json", call, indent=1)
             for piece, entry in call["pieces"].items():
@@ -415,11 +423,28 @@ def collect(args) -> int:
                 copies = [(p, target / p.relative_to(source)) for p in source.rglob("*")] if source.exists() else []
                 copies.append((tmp / "logs" / f"{piece}.log", target / "logs" / f"{piece}.log"))
                 for path, dest in copies:
-                    if path.is_file() and not path.name.startswith("trace"):  # traces stay out of the tree
+                    # Traces and TensorBoard events stay out of the tree: large, and binary files that name the
+                    # folders of the machine that ran them. The archive keeps them.
+                    if path.is_file() and not path.name.startswith(("trace", "events.out.tfevents")):
                         dest.parent.mkdir(parents=True, exist_ok=True)
                         shutil.copyfile(path, dest)
     write_report(results)
     return 0
+
+
+def scrub(folder: Path, paths: dict) -> None:
+    """The folders of the machine that ran a call, in its text files, as names: $WORK, $OUT, $GPU_SITE, and the
+    repository's own paths relative to it (the results are the project's, not that machine's)."""
+    names = {"work": "$WORK", "out": "$OUT", "gpu_site": "$GPU_SITE", "repo": ".", "python": "python",
+             "python_env": "$PYTHON_ENV"}
+    pairs = sorted(((paths[k], v) for k, v in names.items() if paths.get(k)), key=lambda kv: -len(kv[0]))
+    for path in folder.rglob("*"):
+        if path.is_file() and path.suffix in KEEP:
+            text = original = path.read_text(errors="replace")
+            for old, new in pairs:
+                text = text.replace(old + "/", "" if new == "." else new + "/").replace(old, new)
+            if text != original:
+                path.write_text(text)
 
 
 def write_report(results: Path) -> dict:
@@ -506,6 +531,8 @@ def main(argv=None):
     c = sub.add_parser("collect", help="here: a call's files into the results folder, then the report")
     c.add_argument("dir", type=Path)
     c.add_argument("--results", type=Path, default=None)
+    c.add_argument("--paths", default="", help="repo=PATH,work=PATH,out=PATH,gpu_site=PATH,python=PATH,python_env=PATH: "
+                   "the folders of the machine that ran a call that did not record them")
     w = sub.add_parser("report", help="here: proof.md from the committed pieces")
     w.add_argument("--results", type=Path, default=None)
     args = parser.parse_args(argv)

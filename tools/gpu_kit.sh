@@ -163,7 +163,7 @@ PY
     *":$site:$PWD:"*) ;;
     *) export PYTHONPATH=$site:$PWD${PYTHONPATH:+:$PYTHONPATH} ;;
   esac
-  export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HOME=$site/hf TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+  export GPU_SITE=$site HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HOME=$site/hf TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
   export DEV=$PWD/.gpu/data/$(ls .gpu/data)
   export SQUAD_DEV=$DEV
 }
