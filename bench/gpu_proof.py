@@ -2,7 +2,7 @@
 """The proof of the fast path on one GPU, in pieces that add up across calls: each call runs a preflight, then
 the pieces still missing, in order of value, while its time budget lasts; what comes back is packed small.
 
-    python bench/gpu_proof.py run OUT [--budget_s 420]   # on the GPU machine: OUT gets at most 3 files
+    python bench/gpu_proof.py run OUT [--budget_s 420]   # on the GPU machine: OUT gets 3 files
     python bench/gpu_proof.py collect DIR                # here: a call's files into bench/results/gpu/
     python bench/gpu_proof.py report                     # proof.md rebuilt from every committed piece
     python bench/gpu_proof.py run OUT --cpu ...          # the CPU rehearsal: the same call at tiny size
@@ -13,6 +13,7 @@ Pieces, in order of value (bench/README.md has the prepared call and the estimat
   train       one run_qa.py training with configs/fast.json (a random bert-base: it costs what the pretrained one
               costs), dev articles 0:42, 1 epoch, evaluated on 42:, telemetry, a bounded profile, TensorBoard
   parity-*    parity.py, one run per piece: the reference and the fast recipe, seeds 42 and 43 (the MiniLM)
+  attempts    run_bench.py: what the GPU profile points to, beside reference_bf16 and fast (fast_cudagraphs)
   variants    run_bench.py: reference (fp32), fast_no_compile, fast_static64
 A piece counts as done only when it ran to its end and every compiled variant compiled (dynamo's counters show
 graphs and no frame fell back to eager) with nothing compiled in a timed window. The deadline counts from the
@@ -44,11 +45,19 @@ from qa.io import atomic_write_json, atomic_write_text, read_json
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "gpu"
 PARITY = [f"parity-{recipe}-{seed}" for seed in (42, 43) for recipe in ("reference", "fast")]
-PIECES = ["bench", "train", *PARITY, "variants"]
-# Seconds each piece is expected to take before anything was measured (GPU: from the published A100 rate and an
-# H100's ~3x bf16; CPU: the rehearsal's tiny sizes on 2 cores). Measured ones replace them (estimate()).
-ESTIMATES = {"gpu": {"preflight": 60, "bench": 240, "train": 150, "variants": 300, **dict.fromkeys(PARITY, 90)},
-             "cpu": {"preflight": 30, "bench": 90, "train": 100, "variants": 150, **dict.fromkeys(PARITY, 150)}}
+PIECES = ["bench", "train", *PARITY, "attempts", "variants"]
+# run_bench.py's variants of the pieces that benchmark: `attempts` measures the changes the GPU profile points to
+# (bench/README.md) beside the bf16 reference and fast, in one call.
+BENCH_VARIANTS = {"bench": "reference_bf16,fast", "attempts": "reference_bf16,fast,fast_cudagraphs",
+                  "variants": "reference,fast_no_compile,fast_static64"}
+# Seconds each piece is expected to take before it ran to its end (GPU: measured on one H100 where a piece has
+# run, 2026-11-26, else from the published A100 rate and an H100's ~3x bf16; CPU: the rehearsal's tiny sizes on 2
+# cores). Measured ones replace them (estimate()).
+ESTIMATES = {"gpu": {"preflight": 45, "bench": 200, "train": 110, "attempts": 300, "variants": 300,
+                     "parity-reference-42": 105, "parity-reference-43": 105, "parity-fast-42": 240,
+                     "parity-fast-43": 240},
+             "cpu": {"preflight": 30, "bench": 90, "train": 100, "attempts": 150, "variants": 150,
+                     **dict.fromkeys(PARITY, 150)}}
 PACK_MARGIN_S = 15  # kept back at the end of a call for packing
 LIMITS = {"files": 8, "file_bytes": 16 * 2**20, "total_bytes": 64 * 2**20}
 KEEP = {".json", ".md", ".txt", ".log", ".png", ".csv"}  # what comes back; never weights or caches
@@ -68,10 +77,10 @@ def piece_command(piece, mode, work, dev):
     """argv of a piece (this repository's scripts) writing into work/<piece> (parity pieces: work/parity)."""
     py, cpu = [sys.executable], mode == "cpu"
     folder = work / piece
-    if piece in ("bench", "variants"):
-        variants = "reference_bf16,fast" if piece == "bench" else "reference,fast_no_compile,fast_static64"
+    if piece in BENCH_VARIANTS:
         return py + [str(REPO / "bench" / "run_bench.py"), "--size", mode, "--train_file", str(dev), "--variants",
-                     variants, *(CPU_BENCH if cpu else []), "--out", str(folder), "--work", str(work / "work" / piece)]
+                     BENCH_VARIANTS[piece], *(CPU_BENCH if cpu else []), "--out", str(folder),
+                     "--work", str(work / "work" / piece)]
     if piece.startswith("parity-"):
         _, recipe, seed = piece.split("-")
         return py + [str(REPO / "bench" / "parity.py"), "--size", "smoke" if cpu else "gpu", "--dev", str(dev),
@@ -92,7 +101,7 @@ def piece_command(piece, mode, work, dev):
 
 def verdict(piece, folder, code) -> tuple:
     """-> (status, findings) of a piece that ended with exit status `code`, from its own result files."""
-    if piece in ("bench", "variants"):
+    if piece in BENCH_VARIANTS:
         reports = sorted(folder.glob("bench-*.json"))
         if not reports:
             return "failed", {"why": f"exit status {code}, no report"}
@@ -169,11 +178,14 @@ def finished(results: Path) -> dict:
 def estimate(piece, mode, results: Path, ran: dict) -> float:
     """Seconds a piece should take: as long as it took when it last ran to its end, else the default scaled by how
     this call's pieces so far compared with theirs (a failure's time says nothing of a whole run's)."""
-    earlier = results / f"{piece}.json"
-    if earlier.exists() and read_json(earlier).get("status") == "ok":
-        return read_json(earlier)["wall_s"]
+    earlier = read_json(results / f"{piece}.json") if (results / f"{piece}.json").exists() else {}
+    if earlier.get("status") == "ok":
+        return earlier["wall_s"]
     scale = [r["wall_s"] / ESTIMATES[mode][p] for p, r in ran.items() if r.get("status") == "ok"]
-    return ESTIMATES[mode][piece] * (statistics.median(scale) if scale else 1.0)
+    guess = ESTIMATES[mode][piece] * (statistics.median(scale) if scale else 1.0)
+    if earlier.get("status") == "stopped at the deadline":  # it needed more than it had then
+        guess = max(guess, 1.5 * earlier["wall_s"])
+    return guess
 
 
 class Step:
@@ -363,7 +375,7 @@ def seed_parity(results: Path, work: Path) -> None:
 def _figures(piece, f) -> str:
     if not f:
         return ""
-    if piece in ("bench", "variants"):
+    if piece in BENCH_VARIANTS:
         parts = [f"{v}: {s['samples_per_second']} samples/s, MFU {s['mfu_real']}, compiled {s['compiled']}, "
                  f"{s['compiles_in_window']} compiles in window" for v, s in (f.get("variants") or {}).items()]
         ratio = (f.get("ratios") or {}).get("fast/reference_bf16")
@@ -498,7 +510,7 @@ def assess(pieces: dict, preflights: dict) -> list:
     projected = fast.get("projected_2_epochs_s") if fast else None
     out.append({"target": "2 epochs of SQuAD v1.1 projected at <= 60 s", "measured": projected,
                 "met": None if projected is None else projected <= 60})
-    windows = [s.get("compiles_in_window") for p in ("bench", "variants") for s in
+    windows = [s.get("compiles_in_window") for p in BENCH_VARIANTS for s in
                ((pieces.get(p, {}).get("findings") or {}).get("variants") or {}).values()]
     out.append({"target": "no compilation inside any timed window", "measured": windows or None,
                 "met": None if not windows else all(w == 0 for w in windows)})

@@ -20,7 +20,9 @@ timed window (`--telemetry_window`) gives the counts and seconds compared here):
   preemption agreement, the console's log printer): what they cost, from the benchmark's own
   window (steps/s), beside `fast` in the same run and repeats (`instruments_off` in the report);
 - opt-in (`--variants`): `fast_no_compile`; `fast_static64` (lengths padded to multiples of
-  64, one static graph per length: the alternative to dynamic-shape compilation).
+  64, one static graph per length: the alternative to dynamic-shape compilation); `fast_cudagraphs`
+  (fast_static64 with torch.compile's reduce-overhead mode: CUDA graphs replay each step's kernels,
+  against the host overhead the GPU profile showed).
 
 The model is randomly initialised (the bert-base shape costs exactly what the pretrained model
 costs; no download). Each variant trains WARMUP steps (compilation, DataLoader start-up, cuDNN
@@ -90,7 +92,7 @@ JOB_KEYS = {"_comment", "model_name_or_path", "dataset_name", "train_file", "val
 DEFAULT_VARIANTS = ("reference", "reference_bf16", "fast", "fast_no_instruments")
 # Every instrument off (no --eval_every either): the run as a bare Trainer would train it.
 NO_INSTRUMENTS = {"telemetry": False, "checkpoint_on_sigterm": False, "log_lines": False}
-EXTRA_VARIANTS = ("fast_no_compile", "fast_static64")
+EXTRA_VARIANTS = ("fast_no_compile", "fast_static64", "fast_cudagraphs")
 
 
 def data_source(path) -> str:
@@ -120,8 +122,10 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
     if name == "fast_no_compile":
         settings.update(torch_compile=False)
         settings.pop("compile_warmup", None)
-    elif name == "fast_static64":
-        settings.update(pad_to_multiple_of=64, compile_dynamic="false")
+    elif name in ("fast_static64", "fast_cudagraphs"):
+        settings.update(pad_to_multiple_of=64, compile_dynamic="false")  # CUDA graphs need static shapes
+        if name == "fast_cudagraphs":
+            settings.update(torch_compile_mode="reduce-overhead")
     elif name == "fast_no_instruments":
         settings.update(NO_INSTRUMENTS)
     elif name != "fast":
