@@ -78,7 +78,7 @@ def test_calls_add_up_and_each_comes_back_small(rehearsal):
 
 @pytest.mark.slow
 def test_every_piece_brings_its_figures(rehearsal):
-    _, results, *_ = rehearsal
+    tmp, results, *_ = rehearsal
     bench = json.loads((results / "bench.json").read_text())["findings"]
     assert set(bench["variants"]) == {"reference_bf16", "fast"} and not bench["failed"]
     assert bench["variants"]["fast"]["compiled"] == "yes" and bench["variants"]["fast"]["compiles_in_window"] == 0
@@ -92,8 +92,12 @@ def test_every_piece_brings_its_figures(rehearsal):
     assert train["compiled"] == "yes" and train["profile_operators"] and train["train_samples_per_second"] > 0
     for name in ("all_results.json", "results.md", "environment.json", "profile/operators.txt", "logs/train.log"):
         assert (results / "train" / name).stat().st_size > 0, name
-    assert list((results / "train" / "runs").glob("events.out.tfevents.*"))  # TensorBoard
+    assert train["tensorboard_events"] and all(n > 0 for n in train["tensorboard_events"].values())  # in the archive
     assert not list(results.rglob("*.safetensors")) and not list(results.rglob("trace*.json"))
+    assert not list(results.rglob("events.out.tfevents.*"))  # binary files naming the folders of the machine
+    committed = "".join(p.read_text() for p in results.rglob("*") if p.is_file() and p.suffix in (".json", ".md", ".log"))
+    for folder in (tmp / "first" / "work", tmp / "second" / "work", REPO):  # they became $WORK and paths in the repo
+        assert str(folder) not in committed, folder
 
 
 @pytest.mark.slow
@@ -164,7 +168,8 @@ def test_estimates_come_from_what_ran():
 
     nowhere = Path("/nonexistent")
     assert gp.estimate("train", "gpu", nowhere, {}) == gp.ESTIMATES["gpu"]["train"]
-    ran = {"preflight": {"status": "ok", "wall_s": 30}, "bench": {"status": "ok", "wall_s": 480}}
+    est = gp.ESTIMATES["gpu"]
+    ran = {"preflight": {"status": "ok", "wall_s": est["preflight"] / 2}, "bench": {"status": "ok", "wall_s": 2 * est["bench"]}}
     # this call's pieces took 0.5x and 2x their estimates: the median scales the next one
     assert gp.estimate("train", "gpu", nowhere, ran) == pytest.approx(gp.ESTIMATES["gpu"]["train"] * 1.25)
 
