@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from qa.training.checkpoints import COMPLETE_MARKER, HASH, check_checkpoint, file_hash, find_checkpoint, write_marker
+from qa.manifest import HASH, file_hash
+from qa.training.checkpoints import COMPLETE_MARKER, check_checkpoint, find_checkpoint, write_marker
 from qa.errors import InputError
 from tests.helpers import go_offline
 from tests.test_run_qa import TINY

@@ -2,14 +2,25 @@
 
 The key hashes all the features depend on: the examples themselves, the tokenizer's full definition,
 the function, its parameters and the code of qa/data/features.py. Per node, local rank 0 tokenizes
-while the other ranks wait; an entry appears by an atomic rename, so a killed run leaves no half of one.
+while the other ranks wait.
+
+An entry is a pointer file, NAME.json, naming a folder NAME.v-TOKEN and the size and hash of each of
+its files (qa/manifest.py). A writer saves into NAME.tmp-HOST-PID, renames that to a new version
+folder and only then replaces the pointer atomically, so a reader on any node finds the old entry
+whole or the new one whole, never none or half of one. Every hit is verified first; a damaged entry
+(a file cut short or changed on the shared file system) is rebuilt with one warning. A replaced
+version stays KEEP_REPLACED_S, for the jobs still reading it; staging folders of dead writers go.
 """
 import hashlib
 import inspect
 import json
 import logging
 import os
+import re
+import secrets
 import shutil
+import socket
+import time
 import weakref
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,6 +28,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from qa.data import features as features_module
+from qa.errors import InputError
+from qa.io import atomic_write_json, read_json
+from qa.manifest import check_files, record_files
 
 logger = logging.getLogger(__name__)
 
@@ -71,20 +85,111 @@ def cached_features(examples, tokenizer, fn, params: dict, *, cache_dir=None, nu
     from datasets import load_from_disk
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    entry = cache_dir / f"{fn.__name__}-{features_key(examples, tokenizer, fn, params)}"
+    name = f"{fn.__name__}-{features_key(examples, tokenizer, fn, params)}"
+    pointer = cache_dir / f"{name}.json"
     with main_process_first(desc=desc) if main_process_first else nullcontext():
-        if entry.exists() and not overwrite:
-            logger.info("features cache hit: %s", entry)
-            return load_from_disk(str(entry)), True
-        logger.info("features cache miss: %s", entry)
+        _clean(cache_dir)
+        if pointer.exists() and not overwrite:
+            feats, problem = _load(pointer)
+            if problem is None:
+                logger.info("features cache hit: %s", pointer)
+                return feats, True
+            logger.warning("features cache entry %s is damaged (%s): rebuilding it", pointer, problem)
+        else:
+            logger.info("features cache miss: %s", pointer)
         feats = examples.map(
             fn, batched=True, num_proc=num_proc, remove_columns=examples.column_names,
             fn_kwargs=dict(tokenizer=tokenizer, **params), desc=desc, load_from_cache_file=False,
         )
-        tmp = entry.with_name(entry.name + f".tmp-{os.getpid()}")
-        feats.save_to_disk(str(tmp))
-        if entry.exists():  # overwrite asked for, or another node won the race
-            shutil.rmtree(entry, ignore_errors=True)
-        os.replace(tmp, entry)
-        return load_from_disk(str(entry)), False
+        return load_from_disk(str(_publish(feats, pointer))), False
 
+
+KEEP_REPLACED_S = 7 * 86400  # longer than a job's time limit: no job that loaded a replaced version still reads it
+FOREIGN_TMP_S = 86400  # a save takes minutes: a staging folder of another node untouched for a day has no writer
+_NAME = r"[A-Za-z_]\w*-[0-9a-f]{24}"  # function-key, as cached_features names an entry
+_TMP = re.compile(rf"^{_NAME}\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # no host: written by an earlier release
+_VERSION = re.compile(rf"^(?P<name>{_NAME})\.v-[0-9a-f]+$")
+
+
+def _entry(pointer: Path):
+    """(version folder, files record) the pointer names; ValueError when it is unreadable or names nothing."""
+    try:
+        record = read_json(pointer)
+        folder, files = record["folder"], record["files"]
+    except (InputError, KeyError, TypeError) as err:
+        raise ValueError(f"its pointer {pointer.name} cannot be read") from err
+    version = _VERSION.match(folder) if isinstance(folder, str) else None
+    if not (version and version["name"] == pointer.name.removesuffix(".json") and isinstance(files, dict) and files):
+        raise ValueError(f"its pointer {pointer.name} names no version folder and files")
+    return pointer.parent / folder, files
+
+
+def _load(pointer: Path):
+    """(features, None) when the entry verifies and loads; (None, what is wrong) otherwise."""
+    from datasets import load_from_disk
+
+    try:
+        folder, files = _entry(pointer)
+    except ValueError as err:
+        return None, str(err)
+    problem = check_files(folder, files)
+    if problem:
+        return None, f"{folder.name}/{problem}"
+    try:
+        return load_from_disk(str(folder)), None
+    except (OSError, ValueError, pa.ArrowException) as err:  # verified, yet unreadable: a datasets release apart
+        return None, f"{folder.name} cannot be loaded ({type(err).__name__})"
+
+
+def _publish(feats, pointer: Path) -> Path:
+    """Saves `feats` as a new version of the entry and switches the pointer to it: the version folder."""
+    name = pointer.name.removesuffix(".json")
+    tmp = pointer.with_name(f"{name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # this process's own, from a try that failed
+    feats.save_to_disk(str(tmp))
+    files = record_files(tmp)
+    folder = pointer.with_name(f"{name}.v-{secrets.token_hex(6)}")
+    os.replace(tmp, folder)
+    try:  # the version it replaces starts its KEEP_REPLACED_S now, before the switch makes it collectable
+        os.utime(_entry(pointer)[0])
+    except (ValueError, OSError):
+        pass
+    atomic_write_json(pointer, {"format": 1, "folder": folder.name, "files": files})
+    return folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
+
+
+def _clean(cache_dir: Path) -> None:
+    """Removes staging folders of writers that died and versions replaced more than KEEP_REPLACED_S ago."""
+    host, now = socket.gethostname(), time.time()
+    for path in (cache_dir.iterdir() if cache_dir.is_dir() else []):
+        tmp, version = _TMP.match(path.name), _VERSION.match(path.name)
+        try:
+            age = now - path.stat().st_mtime
+        except OSError:  # removed by another cleaner meanwhile
+            continue
+        if tmp:
+            # Only this node can tell whether one of its processes lives; another node's folder (or one whose
+            # pid was taken again) is judged by its age.
+            why = ("its writer died" if tmp["host"] == host and not _alive(int(tmp["pid"]))
+                   else "left for a day" if age > FOREIGN_TMP_S else None)
+        elif version and age > KEEP_REPLACED_S:
+            try:
+                current = _entry(cache_dir / f"{version['name']}.json")[0].name
+            except ValueError:
+                current = None
+            why = "replaced" if current != path.name else None
+        else:
+            why = None
+        if why and path.is_dir():
+            logger.info("features cache: removing %s (%s)", path.name, why)
+            shutil.rmtree(path, ignore_errors=True)

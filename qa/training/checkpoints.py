@@ -2,9 +2,9 @@
 
 A checkpoint counts once it holds COMPLETE_MARKER, written atomically after every rank finished
 saving (QuestionAnsweringTrainer._save_checkpoint), so a job killed while saving never resumes
-from a torn folder. The marker lists each file's size and xxh3-128 hash (a bert-base checkpoint,
-1.3 GB, hashes in about 0.3 s from the page cache), so a file damaged later (a cut copy, a full
-disk) is caught before resuming and the next newest checkpoint that verifies is used.
+from a torn folder. The marker lists each file's size and xxh3-128 hash (qa/manifest.py), so a file
+damaged later (a cut copy, a full disk) is caught before resuming and the next newest checkpoint
+that verifies is used.
 
 The marker also records what the checkpoint's steps mean (run_record), so that a run whose settings
 would change that is refused before anything is written (check_resume), as is a run that would
@@ -16,15 +16,13 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
-import xxhash
-
 from qa.errors import InputError
 from qa.io import atomic_write_json, read_json
+from qa.manifest import check_files, record_files
 from qa.training.runlock import LOCK_NAME
 
 logger = logging.getLogger(__name__)
 COMPLETE_MARKER = "checkpoint_complete.json"
-HASH = "xxh3_128"
 MEANING = ("model", "global batch", "max_seq_length", "doc_stride", "training data")  # another value is refused
 MAY_CHANGE = ("per-device batch", "num_train_epochs", "max_steps")
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -42,20 +40,11 @@ def is_complete(path) -> bool:
     return (Path(path) / COMPLETE_MARKER).is_file()
 
 
-def file_hash(path) -> str:
-    digest = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write_marker(folder, global_step: int, run=None) -> None:
     """Mark `folder` complete: the size and hash of each of its files (FSDP shards live in subfolders),
     and the run_record of the run that wrote it."""
     folder = Path(folder)
-    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, HASH: file_hash(p)}
-             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER}
+    files = record_files(folder, skip=(COMPLETE_MARKER,))
     atomic_write_json(folder / COMPLETE_MARKER, {"format": 2, "global_step": global_step, "files": files, "run": run})
 
 
@@ -168,19 +157,7 @@ def check_checkpoint(folder):
     files = _marker(folder).get("files")
     if not isinstance(files, dict):  # unreadable, or a marker of an earlier version: nothing to verify against
         return f"its {COMPLETE_MARKER} lists no files to verify"
-    for name, recorded in files.items():
-        path = folder / name
-        try:
-            size = path.stat().st_size
-            if size != recorded["size"]:
-                return f"{name} has {size:,} bytes, {recorded['size']:,} when saved"
-            if file_hash(path) != recorded[HASH]:
-                return f"{name} differs from what was saved (content hash)"
-        except FileNotFoundError:
-            return f"{name} is missing"
-        except OSError as err:
-            return f"{name} cannot be read ({err.strerror})"
-    return None
+    return check_files(folder, files)
 
 
 def find_checkpoint(output_dir, resume: str, run):

@@ -1,0 +1,43 @@
+"""The sizes and hashes of a folder's files, recorded when it is written and checked before it is used.
+
+Checkpoints (qa/training/checkpoints.py) and the features cache (qa/data/cache.py) both live on shared
+file systems where a copy can be cut short or a file changed later; a size catches the first, an xxh3-128
+hash (a 1.3 GB folder hashes in about 0.3 s from the page cache) the second, before anything reads them."""
+from pathlib import Path
+
+import xxhash
+
+HASH = "xxh3_128"
+
+
+def file_hash(path) -> str:
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_files(folder, skip=()) -> dict:
+    """{relative path: {"size", HASH}} of every file under `folder` (subfolders too), but those named in `skip`."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, HASH: file_hash(p)}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in skip}
+
+
+def check_files(folder, files: dict):
+    """What is wrong with the files of `folder` against `files` (record_files), in a few words, or None."""
+    folder = Path(folder)
+    for name, recorded in files.items():
+        path = folder / name
+        try:
+            size = path.stat().st_size
+            if size != recorded["size"]:
+                return f"{name} has {size:,} bytes, {recorded['size']:,} when saved"
+            if file_hash(path) != recorded[HASH]:
+                return f"{name} differs from what was saved (content hash)"
+        except FileNotFoundError:
+            return f"{name} is missing"
+        except OSError as err:
+            return f"{name} cannot be read ({err.strerror})"
+    return None
