@@ -196,7 +196,9 @@ tmp=$(mktemp "$ENV_FILE.XXXXXX")
   fi
   printf 'source %q\n' "$VENV_DIR/bin/activate"
   printf 'export HF_HOME=%q\n' "$HF_CACHE_DIR"
-  echo "export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1"
+  echo "# OFFLINE=0 where the nodes can reach the Hub (jobs/launch.sh decides the same way)."
+  echo 'if [ "${OFFLINE:-1}" = 0 ]; then unset HF_HUB_OFFLINE HF_DATASETS_OFFLINE TRANSFORMERS_OFFLINE'
+  echo 'else export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1; fi'
 } >"$tmp"
 chmod a+r "$tmp"
 mv -f "$tmp" "$ENV_FILE"
@@ -218,5 +220,5 @@ Done.
   HF cache  $HF_CACHE_DIR
   fetched   $fetched
   job env   $ENV_FILE
-In a job script:  source $ENV_FILE   (loads the modules, activates the venv, HF offline mode)
+In a job script:  source $ENV_FILE   (loads the modules, activates the venv, HF offline mode unless OFFLINE=0)
 EOF

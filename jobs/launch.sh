@@ -5,8 +5,8 @@
 # one node, one process) or `granted` (job_ddp.sh: every node of the job, NPROC_PER_NODE or the
 # GPUs granted processes on each). Both then take the same path, so a 1-GPU job is the world-size-1
 # case of a multi-GPU one:
-#   1. checks that need no Python, so bad input fails within a second: ENV_FILE, the config, the
-#      SLURM job, the shape, GLOBAL_BATCH, STRATEGY;
+#   1. checks that need no Python, so bad input fails within a second: ENV_FILE, OFFLINE, the config,
+#      the SLURM job, the shape, GLOBAL_BATCH, STRATEGY;
 #   2. the folder run_qa.py will write into (job_time.jsonl goes there too), read from the config
 #      and the arguments by `python -m qa.arguments output_dir` (the standard library only: nothing
 #      imports transformers before srun). Batch arithmetic and defaults are run_qa.py's own:
@@ -61,8 +61,14 @@ jl_environment() {
   source "$ENV_FILE" || { set -u; jl_die "sourcing $ENV_FILE failed (see above): rerun ./setup_bert.sh"; }
   set -u
   command -v python >/dev/null || jl_die "no python after sourcing $ENV_FILE: rerun ./setup_bert.sh"
-  # Compute nodes have no internet: never try the Hub (OFFLINE=0 to allow it where nodes are online).
-  if [[ ${OFFLINE:-1} == 1 ]]; then export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1; fi
+  # Compute nodes have no internet: never try the Hub, unless OFFLINE=0 (nodes online). Settled here,
+  # after ENV_FILE, as an env file and the submitting shell (sbatch passes its environment) may set them.
+  case ${OFFLINE:-1} in
+    1) export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ;;
+    0) unset HF_HUB_OFFLINE HF_DATASETS_OFFLINE TRANSFORMERS_OFFLINE
+       jl_note "OFFLINE=0: HF_HUB_OFFLINE, HF_DATASETS_OFFLINE and TRANSFORMERS_OFFLINE unset, the run may reach the Hub" ;;
+    *) jl_die "OFFLINE=$OFFLINE: use 1 (never reach the Hub, the default) or 0 (the job may reach the Hub)" ;;
+  esac
   export HF_HOME=${HF_HOME:-${LUSTRE:-${STORE:-$HOME}}/hf_cache}
   export PYTHONUNBUFFERED=1   # log lines reach the .out file as they happen
 }

@@ -229,11 +229,16 @@ def test_second_run_installs_nothing_and_writes_env_sh(tmp_path, setup_env):
     text = env_sh.read_text()
     assert "module load cesga/system;" in text and "missing/1" not in text
     assert not [p for p in env_sh.parent.iterdir() if p != env_sh]  # no temporary file left
-    probe = ("source \"$1\" && python -c 'import os, sys; print(sys.prefix); "
-             "print(*(os.environ[v] for v in (\"HF_HOME\", \"HF_HUB_OFFLINE\", \"HF_DATASETS_OFFLINE\")))'")
+    probe = ("source \"$1\" && python -c 'import os, sys; print(sys.prefix); print(*(os.environ.get(v, \"unset\") "
+             "for v in (\"HF_HOME\", \"HF_HUB_OFFLINE\", \"HF_DATASETS_OFFLINE\", \"TRANSFORMERS_OFFLINE\")))'")
     proc = run(["bash", "-c", probe, "bash", str(env_sh)], setup_env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [sys.prefix, f"{tmp_path / 'hf'} 1 1"]
+    assert proc.stdout.splitlines() == [sys.prefix, f"{tmp_path / 'hf'} 1 1 1"]
+    # OFFLINE=0 (nodes online): none of the three, even when the shell sourcing it exported them
+    proc = run(["bash", "-c", probe, "bash", str(env_sh)], dict(setup_env, OFFLINE="0", HF_HUB_OFFLINE="1",
+                                                                TRANSFORMERS_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [sys.prefix, f"{tmp_path / 'hf'} unset unset unset"]
 
 
 @pytest.mark.slow

@@ -47,6 +47,7 @@ FT3, DDP = REPO / "job_ft3.sh", REPO / "job_ddp.sh"
 LAUNCHER = REPO / "jobs" / "launch.sh"
 CPU = ["-c", "2", "--mem=3G", "--time=15"]  # the header's -c 32 --mem=64G do not fit the test nodes
 CONFIG = "configs/smoke_tiny.json"           # relative: the job finds it in the repository
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,13 +60,14 @@ def _clean_env(**extra):
     return env
 
 
-def _write_env_file(folder: Path) -> Path:
-    """What setup_bert.sh writes, for the running interpreter's environment."""
+def _write_env_file(folder: Path, offline: bool = True) -> Path:
+    """What setup_bert.sh writes, for the running interpreter's environment; `offline`: the offline
+    variables exported whatever OFFLINE says (as env files written before OFFLINE=0 was honoured do)."""
     folder.mkdir(parents=True, exist_ok=True)
     activate = Path(sys.prefix) / "bin" / "activate"
     lines = [f"source {activate}" if activate.is_file() else f'export PATH="{Path(sys.executable).parent}:$PATH"',
              f"export HF_HOME={folder / 'hf_home'}",
-             "export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1",
+             *([f"export {'=1 '.join(OFFLINE_VARS)}=1"] if offline else []),
              # 2 shared cores: more than one thread per process only oversubscribes them (10x slower)
              "export OMP_NUM_THREADS=1"]
     path = folder / "env.sh"
@@ -115,15 +117,16 @@ class Job:
         assert self.info["JobState"] == "COMPLETED" and self.info["ExitCode"] == "0:0", f"{self.info}\n{self.tail()}"
 
 
-def submit(cluster, script, tmp_path, env_file, *sbatch_args, args=(), name=None, **variables) -> Job:
-    """sbatch [OPTIONS] --export=ALL,ENV_FILE=..,REPO_DIR=..,K=V.. SCRIPT [ARGS], from a fresh folder (no logs/)."""
+def submit(cluster, script, tmp_path, env_file, *sbatch_args, args=(), name=None, shell=None, **variables) -> Job:
+    """sbatch [OPTIONS] --export=ALL,ENV_FILE=..,REPO_DIR=..,K=V.. SCRIPT [ARGS], from a fresh folder (no logs/),
+    in the environment `shell` (the cluster's by default), which ALL passes on to the job."""
     cwd = tmp_path / f"submit-{time.monotonic_ns()}"
     cwd.mkdir()
     out = Path(variables.get("OUTPUT_DIR") or args[list(args).index("--output_dir") + 1])
     exports = ",".join(["ALL", f"ENV_FILE={env_file}", f"REPO_DIR={REPO}"] + [f"{k}={v}" for k, v in variables.items()])
     cmd = ["sbatch", "--parsable", *CPU, *sbatch_args, *(["-J", name] if name else []), f"--export={exports}",
            str(script), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=cwd, env=cluster.env)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=cwd, env=shell or cluster.env)
     assert r.returncode == 0, f"{cmd}: {r.stderr}"
     default_name = "bert-squad" if Path(script).name == "job_ft3.sh" else "bert-squad-ddp"
     return Job(cluster, r.stdout.strip().split(";")[0], cwd, name or default_name, out)
@@ -243,6 +246,16 @@ def test_outside_slurm_says_so(script, tmp_path):
                        env=_clean_env(ENV_FILE=str(env_file)))
     assert r.returncode == 1 and "not inside a SLURM job" in r.stderr, r
     assert len(r.stderr.strip().splitlines()) == 1 and time.monotonic() - t0 < 5, r
+
+
+def test_offline_other_than_0_or_1_fails_fast(tmp_path):
+    """Anything but 0 or 1 is a mistake to name, not a silent choice of offline or online."""
+    env_file = _write_env_file(tmp_path / "env")
+    r = subprocess.run(["bash", str(FT3), CONFIG], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env=_clean_env(ENV_FILE=str(env_file), OFFLINE="no"))
+    assert r.returncode == 1, r
+    assert r.stderr == ("job_ft3.sh: error: OFFLINE=no: use 1 (never reach the Hub, the default) or 0 "
+                        "(the job may reach the Hub)\n"), r.stderr
 
 
 def _blocks(path: Path, n: int = 6) -> set:
@@ -490,7 +503,7 @@ def test_ft3_completes_with_results(ft3_run):
         assert isinstance(res[key], (int, float)), key
     env = json.loads((job.out / "environment.json").read_text())
     assert env["slurm"]["SLURM_JOB_ID"] == job.id and env["slurm"]["SLURM_GPUS_ON_NODE"] == "1"
-    assert env["offline"]["HF_HUB_OFFLINE"] == "1"
+    assert [env["offline"][v] for v in OFFLINE_VARS] == ["1", "1", "1"]
     # the world-size-1 case of the multi-GPU path: a torchrun worker, not a bare python
     assert env["distributed"]["WORLD_SIZE"] == "1" and env["distributed"]["LOCAL_RANK"] == "0", env["distributed"]
     assert global_step(job.out) == math.ceil(res["train_features"] / 4)
@@ -591,6 +604,30 @@ def test_ddp_two_nodes_requeue_resumes(slurm_cluster, env_file, tmp_path, ddp12_
     assert env["distributed"]["WORLD_SIZE"] == "2" and env["slurm"]["SLURM_JOB_NODELIST"] == "node[1-2]"
     assert "rendezvous 127.0.0.1:" in log  # NodeAddr: the fake node names do not resolve
     assert wait_no_processes(job.id) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# OFFLINE: the job's access to the Hub
+
+@pytest.mark.slow  # a real local SLURM cluster
+def test_offline_0_unsets_the_offline_variables_and_the_default_sets_them(slurm_cluster, env_file, tmp_path):
+    """OFFLINE=0: none of the three offline variables in the job, although the env file and the
+    submitting shell (whose environment sbatch passes on) export all three. Default: all three set
+    to 1, although neither sets any. environment.json records each, null when unset."""
+    exported = dict(slurm_cluster.env, **{v: "1" for v in OFFLINE_VARS})
+    bare = {k: v for k, v in slurm_cluster.env.items() if k not in OFFLINE_VARS}
+    tiny = [CONFIG, "--max_steps", "2", "--do_eval", "false"]  # no Hub access needed: seconds of training
+    online = submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1", shell=exported, OFFLINE=0,
+                    args=[*tiny, "--output_dir", str(tmp_path / "online")])
+    default = submit(slurm_cluster, FT3, tmp_path, _write_env_file(tmp_path / "env", offline=False),
+                     "--gres=gpu:a100:1", shell=bare, args=[*tiny, "--output_dir", str(tmp_path / "default")])
+    for job, expect in ((online, [None, None, None]), (default, ["1", "1", "1"])):
+        job.wait()
+        job.completed()
+        recorded = json.loads((job.out / "environment.json").read_text())["offline"]
+        assert [recorded[v] for v in OFFLINE_VARS] == expect, (recorded, job.tail())
+    assert "OFFLINE=0: HF_HUB_OFFLINE, HF_DATASETS_OFFLINE and TRANSFORMERS_OFFLINE unset" in online.log()
+    assert "OFFLINE=0" not in default.log()
 
 
 # ---------------------------------------------------------------------------------------------

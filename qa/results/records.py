@@ -64,7 +64,9 @@ def environment_record(config: dict) -> dict:
         "devices": _devices(),
         "slurm": {k: os.environ[k] for k in SLURM_VARS if k in os.environ},
         "distributed": {k: os.environ[k] for k in DIST_VARS if k in os.environ},
-        "offline": {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME")},
+        # null: unset (OFFLINE=0 in a job: the run may reach the Hub)
+        "offline": {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                                   "HF_HOME")},
         "config": config,
     }
 
