@@ -121,8 +121,11 @@ def verdict(piece, folder, code) -> tuple:
         if code != 0 or not runs:
             return "failed", {"why": f"exit status {code}"}
         r = read_json(runs[-1])
-        return "ok", {k: r.get(k) for k in ("eval_f1", "eval_exact_match", "train_seconds_excluding_evaluation",
-                                             "train_examples", "eval_examples")}
+        found = {k: r.get(k) for k in ("eval_f1", "eval_exact_match", "train_seconds_excluding_evaluation",
+                                        "train_examples", "eval_examples", "compiled")}
+        if found["compiled"] not in (None, "yes"):  # a recipe that compiles and fell back is no figure of it
+            return "failed", {**found, "why": f"torch.compile {found['compiled']}"}
+        return "ok", found
     results = folder / "all_results.json"
     if not results.exists():
         return "failed", {"why": f"exit status {code}, no all_results.json"}

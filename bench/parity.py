@@ -63,7 +63,7 @@ RECIPES = ("reference", "fast", "fast_b12")
 SEEDS = (42, 43)
 RUN_KEYS = ("eval_f1", "eval_exact_match", "eval_loss", "train_loss", "train_runtime", "train_samples_per_second",
             "train_seconds_excluding_evaluation", "eval_runtime", "train_examples", "train_features",
-            "eval_examples", "epoch")
+            "eval_examples", "epoch", "compiled")  # compiled: None when the recipe does not compile
 
 
 def recipe_settings(name, on_gpu):
