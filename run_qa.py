@@ -18,7 +18,7 @@ import psutil
 import torch
 from transformers import default_data_collator, set_seed
 
-from qa.arguments import finalize, out_of_memory, parse_args
+from qa.arguments import eval_out_of_memory, finalize, out_of_memory, parse_args
 from qa.console import configure_logging
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
@@ -37,7 +37,7 @@ from qa.training.flops import settle_tf32
 from qa.training.preemption import EXIT_INTERRUPTED, Interrupted, interrupted_by_sigterm
 from qa.training.runlock import RunLock
 from qa.training.telemetry import token_stats, train_throughput
-from trainer_qa import QuestionAnsweringTrainer, evaluated_during_training
+from trainer_qa import EvaluationOutOfMemory, QuestionAnsweringTrainer, evaluated_during_training
 
 logger = logging.getLogger("run_qa")
 
@@ -149,6 +149,8 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
         with evaluated_during_training(trainer, run_args.eval_every_questions):
             try:
                 result = trainer.train(resume_from_checkpoint=checkpoint)
+            except EvaluationOutOfMemory as err:  # in an evaluation during training (--eval_every)
+                raise eval_out_of_memory(training_args, err, "the run resumes from its last checkpoint") from None
             except torch.OutOfMemoryError as err:  # one line and its status; the checkpoints stay as they are
                 raise out_of_memory(training_args, err) from None
         stopped_at = callbacks["preemption"].stopped_at if "preemption" in callbacks else None
@@ -170,9 +172,13 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             trainer.save_state()  # last: trainer_state.json in output_dir says the training ended (its progress)
     # From here on the trained model and its records stay as they are whatever happens: a rerun of the same
     # command evaluates that model without training (qa.training.checkpoints.find_checkpoint).
+    then = (f"the trained model and its records stay in {out}, and the same command with it evaluates that model "
+            "without training again" if training_args.do_train else "rerun with it")
     try:
         with interrupted_by_sigterm():
             _evaluate(trainer, features, examples, training_args, main)
+    except torch.OutOfMemoryError as err:
+        raise eval_out_of_memory(training_args, err, then) from None
     except Interrupted:  # nothing to checkpoint: the evaluation is done again by the rerun
         logger.warning("interrupted by SIGTERM during the evaluation%s: rerun the same command to evaluate",
                        f" (the trained model stays in {out})" if training_args.do_train else "")

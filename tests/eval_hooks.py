@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback
 
 
@@ -19,6 +20,18 @@ class PauseInEvaluation(TrainerCallback):
         if not self.flag.exists():
             self.flag.write_text(f"step {state.global_step}\n")
             time.sleep(600)
+
+
+class OutOfMemoryInEvaluation(TrainerCallback):
+    """A device on which evaluation batches larger than `fits` run out of memory, as CUDA's allocator says it."""
+
+    def __init__(self, fits):
+        self.fits = fits
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if args.per_device_eval_batch_size > self.fits:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total "
+                                         "capacity of 14.74 GiB of which 1.12 GiB is free.")
 
 
 if __name__ == "__main__":

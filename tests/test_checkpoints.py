@@ -348,7 +348,7 @@ def test_out_of_memory_in_a_step_says_what_to_do_and_the_smaller_batch_resumes(t
 
 
 # ---------------------------------------------------------------------------------------------
-# Stopped after its training ended, in its final evaluation (SIGTERM): the rerun
+# Stopped after its training ended, in its final evaluation (SIGTERM, out of memory): the rerun
 # evaluates the model trained, trains no step and leaves the training's records as they were.
 # 64 questions in batches of 16 and --max_steps 6: the end falls inside the second epoch, where
 # a resume from the last checkpoint would train a step past it.
@@ -420,3 +420,28 @@ def test_sigterm_in_the_final_evaluation_then_the_rerun_evaluates(saves, tmp_pat
     assert 1 < json.loads((out / "trainer_state.json").read_text())["epoch"] < 2  # the end inside an epoch
     go_offline(monkeypatch, env["HF_HOME"])
     _evaluated_without_training(out, lambda *more: main([*args, *more]), before, caplog)
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_the_evaluation_keeps_the_training_and_a_smaller_batch_evaluates(tmp_path, monkeypatch,
+                                                                                           capsys, caplog):
+    """configs/fast.json's case: no checkpoints, an evaluation batch the device cannot hold (raised at the
+    evaluation step, as torch raises it). One line naming the setting and a batch that fits, exit status 3,
+    the trained model and its records kept; the fix evaluates them without training."""
+    from run_qa import main
+    from tests.eval_hooks import OutOfMemoryInEvaluation
+
+    go_offline(monkeypatch, tmp_path / "hf")
+    out = tmp_path / "out"
+    args = [*ENDED, *SAVES["no"], "--output_dir", str(out)]
+    device = [OutOfMemoryInEvaluation(fits=8)]
+    assert main(args, callbacks=device) == 3
+    assert _errors(capsys) == [
+        "error: per_device_eval_batch_size=32: the device ran out of memory in an evaluation (CUDA out of memory. "
+        "Tried to allocate 3.00 GiB. GPU 0 has a total capacity of 14.74 GiB of which 1.12 GiB is free.). Fix: pass "
+        f"a smaller --per_device_eval_batch_size (e.g. 16, or 8); the trained model and its records stay in {out}, "
+        "and the same command with it evaluates that model without training again"]
+    before = _training_records(out)
+    assert before[1] == 6 and not (out / "eval_results.json").exists() and not (out / "run.lock").exists()
+    _evaluated_without_training(out, lambda *more: main([*args, *more], callbacks=device), before, caplog,
+                                "--per_device_eval_batch_size", "8")
