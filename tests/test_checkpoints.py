@@ -445,3 +445,26 @@ def test_out_of_memory_in_the_evaluation_keeps_the_training_and_a_smaller_batch_
     assert before[1] == 6 and not (out / "eval_results.json").exists() and not (out / "run.lock").exists()
     _evaluated_without_training(out, lambda *more: main([*args, *more], callbacks=device), before, caplog,
                                 "--per_device_eval_batch_size", "8")
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_an_evaluation_during_training_names_the_evaluation_batch(tmp_path, monkeypatch, capsys):
+    """--eval_every: the evaluation at step 4 runs out of memory, after checkpoint-2. The line names the
+    evaluation batch, not the training one, and the fix resumes from checkpoint-2 to the end."""
+    from run_qa import main
+    from tests.eval_hooks import OutOfMemoryInEvaluation
+
+    go_offline(monkeypatch, tmp_path / "hf")
+    out = tmp_path / "out"
+    args = [*ENDED, *SAVES["steps"], "--eval_every", "4", "--output_dir", str(out)]
+    device = [OutOfMemoryInEvaluation(fits=8)]
+    assert main(args, callbacks=device) == 3
+    err = _errors(capsys)
+    assert len(err) == 1 and err[0].startswith("error: per_device_eval_batch_size=32: the device ran out of memory "
+                                               "in an evaluation (CUDA out of memory."), err
+    assert err[0].endswith("Fix: pass a smaller --per_device_eval_batch_size (e.g. 16, or 8); the run resumes from "
+                           "its last checkpoint"), err
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"] and check_checkpoint(out / "checkpoint-2") \
+        is None
+    assert main([*args, "--per_device_eval_batch_size", "8"], callbacks=device) == 0
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
