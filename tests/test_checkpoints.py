@@ -354,7 +354,8 @@ def test_out_of_memory_in_a_step_says_what_to_do_and_the_smaller_batch_resumes(t
 # a resume from the last checkpoint would train a step past it.
 
 ENDED = [*TINY, "--synthetic_train_examples", "64", "--synthetic_eval_examples", "16", "--per_device_train_batch_size",
-         "16", "--max_steps", "6", "--do_train", "--do_eval", "--per_device_eval_batch_size", "32", "--report_to", "none"]
+         "16", "--max_steps", "6", "--do_train", "--do_eval", "--per_device_eval_batch_size", "32",
+         "--report_to", "none"]
 SAVES = {"steps": ["--save_strategy", "steps", "--save_steps", "2"], "no": ["--save_strategy", "no"]}
 
 

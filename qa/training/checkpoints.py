@@ -127,8 +127,8 @@ def finished_run_error(output_dir, done, why: str, longer: str = "") -> InputErr
 def check_resume(checkpoint, run: dict, finished=None) -> None:
     """Before anything is written: InputError when resuming `checkpoint` with this run's run_record
     `run` would change what its steps mean, or would train no further than the checkpoint or than
-    the finished run of its folder (`finished`: its progress); one line for each change that stays allowed (another
-    split of the same global batch, after an out-of-memory error; a longer training)."""
+    the finished run of its folder (`finished`: its progress); one line for each change that stays
+    allowed (another split of the same global batch, after an out-of-memory error; a longer training)."""
     checkpoint = Path(checkpoint)
     recorded = _marker(checkpoint).get("run") or {}
     changed = "; ".join(f"{what} {was} (this run: {now})" for what, was, now in _changes(recorded, run, MEANING))
