@@ -11,14 +11,14 @@ Arguments: `python run_qa.py --help` and qa/arguments.py. What a run writes into
 import logging
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import psutil
 import torch
 from transformers import default_data_collator, set_seed
 
-from qa.arguments import finalize, out_of_memory, parse_args
+from qa.arguments import eval_out_of_memory, finalize, out_of_memory, parse_args
 from qa.console import configure_logging
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
@@ -31,13 +31,13 @@ from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
 from qa.results.records import environment_record, finish_run, save_split_metrics, write_environment
 from qa.training.callbacks import install, run_callbacks, summary
-from qa.training.checkpoints import find_checkpoint, progress, run_record
+from qa.training.checkpoints import find_checkpoint, run_record
 from qa.training.compile import compile_outcome
 from qa.training.flops import settle_tf32
-from qa.training.preemption import EXIT_INTERRUPTED
+from qa.training.preemption import EXIT_INTERRUPTED, Interrupted, interrupted_by_sigterm
 from qa.training.runlock import RunLock
 from qa.training.telemetry import token_stats, train_throughput
-from trainer_qa import QuestionAnsweringTrainer, evaluated_during_training
+from trainer_qa import EvaluationOutOfMemory, QuestionAnsweringTrainer, evaluated_during_training
 
 logger = logging.getLogger("run_qa")
 
@@ -97,15 +97,26 @@ def run(argv, callbacks=()):
         record = (run_record(model.config, training_args, data_args, examples["train"]) if training_args.do_train
                   else None)
         checkpoint = on_main_rank(lambda: find_checkpoint(training_args.output_dir, run_args.resume, record))
+        if trained_here(checkpoint, training_args):  # the training ended there: its model is evaluated, as it is
+            model, tokenizer = load_model_and_tokenizer(
+                replace(model_args, model_name_or_path=training_args.output_dir, tokenizer_name=None),
+                work_dir=cache_root, training=False, compile=training_args.torch_compile)
         return _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args,
                                    checkpoint, cache_root, record, callbacks)
     finally:
         lock.release()
 
 
+def trained_here(checkpoint, training_args) -> bool:
+    """find_checkpoint names output_dir itself when the training there ended but its run did not."""
+    return checkpoint is not None and Path(checkpoint) == Path(training_args.output_dir)
+
+
 def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args, checkpoint,
                         cache_root, record, extra_callbacks):
-    features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples}
+    train = training_args.do_train and not trained_here(checkpoint, training_args)
+    features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples
+                if s != "train" or train}
 
     collator = default_data_collator
     if not data_args.pad_to_max_length:  # dynamic padding, to a few lengths (qa/data/collate.py)
@@ -134,11 +145,12 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
                                   **training_args.to_dict()})
         write_environment(out, env)
 
-    if training_args.do_train:
-        resumed_at = progress(checkpoint)[0] if checkpoint else 0  # read now: rotation may remove the checkpoint
+    if train:
         with evaluated_during_training(trainer, run_args.eval_every_questions):
             try:
                 result = trainer.train(resume_from_checkpoint=checkpoint)
+            except EvaluationOutOfMemory as err:  # in an evaluation during training (--eval_every)
+                raise eval_out_of_memory(training_args, err, "the run resumes from its last checkpoint") from None
             except torch.OutOfMemoryError as err:  # one line and its status; the checkpoints stay as they are
                 raise out_of_memory(training_args, err) from None
         stopped_at = callbacks["preemption"].stopped_at if "preemption" in callbacks else None
@@ -149,18 +161,39 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             logger.warning("interrupted by SIGTERM (on this or another rank): checkpoint-%d saved in %s; "
                            "rerun (--resume auto) to continue", stopped_at, out)
             return EXIT_INTERRUPTED
-        # Nothing trained: resumed at the end of a training that had ended, to evaluate it (a job stopped during
-        # its final evaluation; qa.training.checkpoints.check_resume). That training's records stay as they are.
-        if result.global_step > resumed_at:
-            trainer.save_model()
-            metrics = dict(result.metrics)
-            metrics.update(train_throughput(metrics, token_stats(features["train"]), len(examples["train"])))
-            metrics.update(summary([*callbacks.values(), *extra]))
-            if main:
-                save_split_metrics(out, "train", metrics)
-                trainer.save_state()
-                if "time_to_accuracy" in callbacks:
-                    atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks["time_to_accuracy"].record())
+        trainer.save_model()
+        metrics = dict(result.metrics)
+        metrics.update(train_throughput(metrics, token_stats(features["train"]), len(examples["train"])))
+        metrics.update(summary([*callbacks.values(), *extra]))
+        if main:
+            save_split_metrics(out, "train", metrics)
+            if "time_to_accuracy" in callbacks:
+                atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks["time_to_accuracy"].record())
+            trainer.save_state()  # last: trainer_state.json in output_dir says the training ended (its progress)
+    # From here on the trained model and its records stay as they are whatever happens: a rerun of the same
+    # command evaluates that model without training (qa.training.checkpoints.find_checkpoint).
+    then = (f"the trained model and its records stay in {out}, and the same command with it evaluates that model "
+            "without training again" if training_args.do_train else "rerun with it")
+    try:
+        with interrupted_by_sigterm():
+            _evaluate(trainer, features, examples, training_args, main)
+    except torch.OutOfMemoryError as err:
+        raise eval_out_of_memory(training_args, err, then) from None
+    except Interrupted:  # nothing to checkpoint: the evaluation is done again by the rerun
+        logger.warning("interrupted by SIGTERM during the evaluation%s: rerun the same command to evaluate",
+                       f" (the trained model stays in {out})" if training_args.do_train else "")
+        return EXIT_INTERRUPTED
+    if main:
+        compiled = {"compiled": compile_outcome()} if training_args.torch_compile else {}
+        # The wall clock from the process's start: imports are part of a job's cost.
+        results = finish_run(out, time.time() - psutil.Process().create_time(), env, compiled)
+        logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
+    close_process_group()
+    return 0
+
+
+def _evaluate(trainer, features, examples, training_args, main):
+    out = training_args.output_dir
     if training_args.do_eval:
         metrics = trainer.evaluate()
         if main:
@@ -171,13 +204,6 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
         _, metrics = trainer.predict(features["test"], examples["test"])
         if main:
             save_split_metrics(out, "predict", metrics)
-    if main:
-        compiled = {"compiled": compile_outcome()} if training_args.torch_compile else {}
-        # The wall clock from the process's start: imports are part of a job's cost.
-        results = finish_run(out, time.time() - psutil.Process().create_time(), env, compiled)
-        logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
-    close_process_group()
-    return 0
 
 
 @command

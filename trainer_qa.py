@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 
+import torch
 from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import rotate_checkpoints, speed_metrics
@@ -130,8 +131,11 @@ class QuestionAnsweringTrainer(Trainer):
 
     def _predict_and_score(self, dataloader, features, examples, ignore_keys, prefix, description, files_prefix):
         start = time.time()
-        output = self.evaluation_loop(dataloader, description=description, prediction_loss_only=False,
-                                      ignore_keys=ignore_keys, metric_key_prefix=prefix)
+        try:
+            output = self.evaluation_loop(dataloader, description=description, prediction_loss_only=False,
+                                          ignore_keys=ignore_keys, metric_key_prefix=prefix)
+        except torch.OutOfMemoryError as err:  # its fix is a smaller evaluation batch, also during training
+            raise EvaluationOutOfMemory(str(err)) from err
         start_logits, end_logits = output.predictions[:2]
         predictions, _, _ = self.post_processing(
             examples, features, start_logits, end_logits,
@@ -148,6 +152,10 @@ class QuestionAnsweringTrainer(Trainer):
         metrics[f"{prefix}_examples"] = len(examples)
         metrics[f"{prefix}_predictions"] = len(predictions)  # answers written, one per question
         return predictions, metrics
+
+
+class EvaluationOutOfMemory(torch.OutOfMemoryError):
+    """The device ran out of memory in an evaluation or prediction, not in a training step."""
 
 
 @contextlib.contextmanager

@@ -254,7 +254,7 @@ jl_run() {
   if [[ -n $JL_SIGNALED ]]; then
     outcome=interrupted
   elif refusal=$(jl_refusal); then  # torchrun reports it as its own status 1, after a traceback
-    if [[ $refusal == *"ran out of memory in a training step"* ]]; then
+    if [[ $refusal == *"ran out of memory in a"* ]]; then  # a training step or an evaluation
       outcome=out_of_memory rc=3  # run_qa.py's own status for it (qa/errors.py)
       jl_log "run_qa.py stopped: ${refusal#error: }"
     else

@@ -432,9 +432,22 @@ def out_of_memory(training_args, error) -> InputError:
     fix = (f"pass a smaller --per_device_train_batch_size (e.g. {batch // 2}) with --global_batch {global_batch}: the "
            "same global batch, gradient accumulation making up the rest; the run resumes from its last checkpoint"
            if batch > 1 else "lower --max_seq_length, or use a device with more memory")
-    said = (str(error).strip().splitlines() or ["OutOfMemoryError"])[0][:160]
     return InputError(f"per_device_train_batch_size={batch}", f"the device ran out of memory in a training step "
-                      f"({said})", fix, exit_code=EXIT_OUT_OF_MEMORY)
+                      f"({_said(error)})", fix, exit_code=EXIT_OUT_OF_MEMORY)
+
+
+def eval_out_of_memory(training_args, error, then: str) -> InputError:
+    """Running out of memory in an evaluation or prediction: a smaller evaluation batch changes no result;
+    `then`: what the rerun with it does (resumes the training, or evaluates the model trained)."""
+    batch = training_args.per_device_eval_batch_size
+    fix = (f"pass a smaller --per_device_eval_batch_size (e.g. {batch // 2}, or {max(batch // 4, 1)}); {then}"
+           if batch > 1 else "lower --max_seq_length, or use a device with more memory")
+    return InputError(f"per_device_eval_batch_size={batch}", f"the device ran out of memory in an evaluation "
+                      f"({_said(error)})", fix, exit_code=EXIT_OUT_OF_MEMORY)
+
+
+def _said(error) -> str:
+    return (str(error).strip().splitlines() or ["OutOfMemoryError"])[0][:160]
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import functools
 import sys
 
 EXIT_INPUT_ERROR = 2
-EXIT_OUT_OF_MEMORY = 3  # the device ran out of memory in a training step: a smaller per-device batch
+EXIT_OUT_OF_MEMORY = 3  # the device ran out of memory (training step or evaluation): a smaller per-device batch
 
 
 class InputError(Exception):

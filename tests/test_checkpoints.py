@@ -2,9 +2,11 @@
 records each file's size and hash, a damaged checkpoint (weights cut short, optimizer state
 changed, a file missing) is reported in one line and moved aside, and the run resumes from the
 newest checkpoint that verifies; when none does, one `error:` line says to pass --resume never."""
+import hashlib
 import json
 import logging
 import shutil
+import time
 
 import pytest
 import torch
@@ -254,33 +256,6 @@ def test_a_finished_run_is_not_overwritten(args, rerun, capsys):
 
 
 @pytest.mark.slow
-def test_a_run_stopped_in_its_final_evaluation_is_evaluated_again(rerun, caplog):
-    """A job stopped (and requeued) after its training ended, during its final evaluation: the folder
-    as it was then (training's records, no evaluation's, no end of run). The same command evaluates the
-    trained model and leaves the training's records as they are."""
-    out, _, main = rerun
-    f1 = json.loads((out / "eval_results.json").read_text())["eval_f1"]
-    (out / "all_results.json").write_text((out / "train_results.json").read_text())
-    for name in ("eval_results.json", "results.md", "predictions.json", "nbest_predictions.json"):
-        (out / name).unlink()
-    def trained():
-        return [t for t in _tree(out) if t[0] in ("train_results.json", "trainer_state.json", "model.safetensors")]
-
-    before = trained()
-    with caplog.at_level(logging.INFO):
-        assert main() == 0
-    step = json.loads((out / "trainer_state.json").read_text())["global_step"]
-    said = [r.getMessage() for r in caplog.records
-            if r.name == "qa.training.checkpoints" and r.levelno == logging.WARNING]
-    assert said == [f"checkpoint-{step}: the training ended here (step {step}) but not the run: evaluating, the "
-                    "training's results stay as they are"]
-    assert trained() == before
-    results = json.loads((out / "all_results.json").read_text())
-    assert results["eval_f1"] == f1 and results["train_runtime"] == json.loads(
-        (out / "train_results.json").read_text())["train_runtime"]
-
-
-@pytest.mark.slow
 def test_resume_never_moves_a_finished_run_aside_whole(rerun):
     out, before, main = rerun
     assert main("--resume", "never") == 0
@@ -371,3 +346,127 @@ def test_out_of_memory_in_a_step_says_what_to_do_and_the_smaller_batch_resumes(t
             if r.name == "qa.training.checkpoints" and r.levelno == logging.WARNING]
     assert said == ["resuming checkpoint-2 with per-device batch 8 x 2 accumulation x 1 processes (it was written with "
                     "16 x 1 accumulation x 1 processes)"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Stopped after its training ended, in its final evaluation (SIGTERM, out of memory): the rerun
+# evaluates the model trained, trains no step and leaves the training's records as they were.
+# 64 questions in batches of 16 and --max_steps 6: the end falls inside the second epoch, where
+# a resume from the last checkpoint would train a step past it.
+
+ENDED = [*TINY, "--synthetic_train_examples", "64", "--synthetic_eval_examples", "16", "--per_device_train_batch_size",
+         "16", "--max_steps", "6", "--do_train", "--do_eval", "--per_device_eval_batch_size", "32",
+         "--report_to", "none"]
+SAVES = {"steps": ["--save_strategy", "steps", "--save_steps", "2"], "no": ["--save_strategy", "no"]}
+
+
+def _training_records(out):
+    """What the training left: its files (model, state, results, checkpoints) with their hashes, its step, and
+    the model's sha256."""
+    names = ("model.safetensors", "trainer_state.json", "train_results.json", "config.json")
+    return ([t for t in _tree(out) if t[0] in names or t[0].startswith("checkpoint-")],
+            json.loads((out / "trainer_state.json").read_text())["global_step"],
+            hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest())
+
+
+def _evaluated_without_training(out, main, before, caplog, *more):
+    """The rerun of the same command (with `more`): exit 0, the warning, the records as they were, the evaluation's."""
+    with caplog.at_level(logging.INFO):
+        assert main(*more) == 0
+    assert _training_records(out) == before
+    said = [r.getMessage() for r in caplog.records
+            if r.name == "qa.training.checkpoints" and r.levelno == logging.WARNING]
+    assert said == [f"{out}: the training ended (step 6) but not the run: evaluating the model it trained; the "
+                    "training's records stay as they are"]
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["train_runtime"] == json.loads((out / "train_results.json").read_text())["train_runtime"]
+    assert results["eval_f1"] == json.loads((out / "eval_results.json").read_text())["eval_f1"] >= 0
+    assert "WALL_CLOCK_SECONDS" in results and not (out / "run.lock").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saves", SAVES, ids=["with checkpoints", "save_strategy no"])
+def test_sigterm_in_the_final_evaluation_then_the_rerun_evaluates(saves, tmp_path, tmp_path_factory, monkeypatch,
+                                                                  caplog):
+    """A real SIGTERM to run_qa.py while it evaluates (a test callback holds it at its first evaluation batch)."""
+    import signal
+    import subprocess
+    import sys
+
+    from run_qa import main
+    from tests.helpers import REPO
+    from tests.test_run_qa import _env
+
+    env = _env(tmp_path_factory)
+    out, flag, log = tmp_path / "out", tmp_path / "evaluating", tmp_path / "stderr.txt"
+    args = [*ENDED, *SAVES[saves], "--output_dir", str(out)]
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.eval_hooks", "pause", str(flag), "--", *args], cwd=REPO,
+                                env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            deadline = time.monotonic() + 300
+            while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert flag.read_text() == "step 6\n", log.read_text()[-3000:]  # the final evaluation, after training
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert f"interrupted by SIGTERM during the evaluation (the trained model stays in {out}): rerun the same " \
+           "command to evaluate" in text, text[-3000:]
+    assert "Traceback" not in text and not (out / "eval_results.json").exists()
+    before = _training_records(out)
+    assert before[1] == 6 and (saves == "no") == (not list(out.glob("checkpoint-*")))
+    assert 1 < json.loads((out / "trainer_state.json").read_text())["epoch"] < 2  # the end inside an epoch
+    go_offline(monkeypatch, env["HF_HOME"])
+    _evaluated_without_training(out, lambda *more: main([*args, *more]), before, caplog)
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_the_evaluation_keeps_the_training_and_a_smaller_batch_evaluates(tmp_path, monkeypatch,
+                                                                                           capsys, caplog):
+    """configs/fast.json's case: no checkpoints, an evaluation batch the device cannot hold (raised at the
+    evaluation step, as torch raises it). One line naming the setting and a batch that fits, exit status 3,
+    the trained model and its records kept; the fix evaluates them without training."""
+    from run_qa import main
+    from tests.eval_hooks import OutOfMemoryInEvaluation
+
+    go_offline(monkeypatch, tmp_path / "hf")
+    out = tmp_path / "out"
+    args = [*ENDED, *SAVES["no"], "--output_dir", str(out)]
+    device = [OutOfMemoryInEvaluation(fits=8)]
+    assert main(args, callbacks=device) == 3
+    assert _errors(capsys) == [
+        "error: per_device_eval_batch_size=32: the device ran out of memory in an evaluation (CUDA out of memory. "
+        "Tried to allocate 3.00 GiB. GPU 0 has a total capacity of 14.74 GiB of which 1.12 GiB is free.). Fix: pass "
+        f"a smaller --per_device_eval_batch_size (e.g. 16, or 8); the trained model and its records stay in {out}, "
+        "and the same command with it evaluates that model without training again"]
+    before = _training_records(out)
+    assert before[1] == 6 and not (out / "eval_results.json").exists() and not (out / "run.lock").exists()
+    _evaluated_without_training(out, lambda *more: main([*args, *more], callbacks=device), before, caplog,
+                                "--per_device_eval_batch_size", "8")
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_an_evaluation_during_training_names_the_evaluation_batch(tmp_path, monkeypatch, capsys):
+    """--eval_every: the evaluation at step 4 runs out of memory, after checkpoint-2. The line names the
+    evaluation batch, not the training one, and the fix resumes from checkpoint-2 to the end."""
+    from run_qa import main
+    from tests.eval_hooks import OutOfMemoryInEvaluation
+
+    go_offline(monkeypatch, tmp_path / "hf")
+    out = tmp_path / "out"
+    args = [*ENDED, *SAVES["steps"], "--eval_every", "4", "--output_dir", str(out)]
+    device = [OutOfMemoryInEvaluation(fits=8)]
+    assert main(args, callbacks=device) == 3
+    err = _errors(capsys)
+    assert len(err) == 1 and err[0].startswith("error: per_device_eval_batch_size=32: the device ran out of memory "
+                                               "in an evaluation (CUDA out of memory."), err
+    assert err[0].endswith("Fix: pass a smaller --per_device_eval_batch_size (e.g. 16, or 8); the run resumes from "
+                           "its last checkpoint"), err
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"] and check_checkpoint(out / "checkpoint-2") \
+        is None
+    assert main([*args, "--per_device_eval_batch_size", "8"], callbacks=device) == 0
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6

@@ -405,6 +405,9 @@ def test_launcher_passes_global_batch_after_checking_it():
 @pytest.mark.parametrize("line, outcome, code", [
     ("error: per_device_train_batch_size=48: the device ran out of memory in a training step (CUDA out of memory). "
      "Fix: pass a smaller --per_device_train_batch_size (e.g. 24) with --global_batch 48", "out_of_memory", 3),
+    ("error: per_device_eval_batch_size=256: the device ran out of memory in an evaluation (CUDA out of memory). "
+     "Fix: pass a smaller --per_device_eval_batch_size (e.g. 128, or 64); the trained model and its records stay in "
+     "runs/fast, and the same command with it evaluates that model without training again", "out_of_memory", 3),
     ("error: --max_seq_length 0: must be positive. Fix: e.g. 384", "refused", 2)])
 def test_a_run_that_stopped_with_its_one_line_keeps_its_status(tmp_path, line, outcome, code):
     """torchrun ends with its own status 1 whatever rank 0 said; the launcher reads rank 0's line back:

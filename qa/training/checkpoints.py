@@ -88,6 +88,13 @@ def progress(folder):
         return None
 
 
+def _trains_further(run: dict, done) -> bool:
+    """Whether the run of run_record `run` ends past `done` ((step, epoch)): the Trainer's end is --max_steps,
+    else the epochs (a checkpoint's epoch counts those done)."""
+    step, epoch = done
+    return (run["max_steps"] > step) if run["max_steps"] > 0 else (run["num_train_epochs"] > epoch + 1e-9)
+
+
 def _run_ended(output_dir) -> bool:
     """The run of output_dir got to its end: the last thing it does is to add its wall clock to
     all_results.json (qa.results.records.finish_run)."""
@@ -109,9 +116,8 @@ def finished_run_error(output_dir, done, why: str, longer: str = "") -> InputErr
 def check_resume(checkpoint, run: dict, finished=None) -> None:
     """Before anything is written: InputError when resuming `checkpoint` with this run's run_record
     `run` would change what its steps mean, or would train no further than the checkpoint or than
-    the finished run of its folder (`finished`: its progress), unless that run ended its training
-    at this checkpoint but not its evaluation; one line for each change that stays allowed (another
-    split of the same global batch, after an out-of-memory error; a longer training)."""
+    the finished run of its folder (`finished`: its progress); one line for each change that stays
+    allowed (another split of the same global batch, after an out-of-memory error; a longer training)."""
     checkpoint = Path(checkpoint)
     recorded = _marker(checkpoint).get("run") or {}
     changed = "; ".join(f"{what} {was} (this run: {now})" for what, was, now in _changes(recorded, run, MEANING))
@@ -122,16 +128,9 @@ def check_resume(checkpoint, run: dict, finished=None) -> None:
     own = progress(checkpoint)
     done = finished if finished and finished[0] > own[0] else own
     step, epoch = done
-    # The Trainer's end: --max_steps, else the epochs (the checkpoint's epoch counts those done).
-    if (run["max_steps"] > step) if run["max_steps"] > 0 else (run["num_train_epochs"] > epoch + 1e-9):
+    if _trains_further(run, done):
         for what, was, now in _changes(recorded, run, MAY_CHANGE):
             logger.warning("resuming %s with %s %s (it was written with %s)", checkpoint.name, what, now, was)
-        return
-    if finished and own[0] == finished[0] and not _run_ended(checkpoint.parent):
-        # A job stopped during its final evaluation and requeued: resumed at its end, the Trainer loads the
-        # trained weights and trains nothing, and run_qa.py keeps the training's records as they are.
-        logger.warning("%s: the training ended here (step %d) but not the run: evaluating, the training's results "
-                       "stay as they are", checkpoint.name, step)
         return
     end = (f"--max_steps {run['max_steps']}" if run["max_steps"] > 0
            else f"--num_train_epochs {run['num_train_epochs']:g}")
@@ -166,7 +165,9 @@ def find_checkpoint(output_dir, resume: str, run):
     aside whole. 'auto': the newest complete checkpoint whose files verify (torn ones and damaged newer ones
     are moved aside; only damaged ones: InputError). Otherwise the given checkpoint folder, which must verify.
     `run`: this run's run_record, which the checkpoint must fit (check_resume); None for a run that does not
-    train. Neither kind of run may overwrite a finished run of output_dir; all is checked before moving."""
+    train. Neither kind of run may overwrite a finished run of output_dir; all is checked before moving.
+    output_dir itself when its training ended but its run did not (stopped in the final evaluation) and this
+    run trains no further: the model trained there is to be evaluated, with no step of training."""
     if resume == "never":
         earlier = [p for p in Path(output_dir).iterdir() if p.name != LOCK_NAME and not _ASIDE.match(p.name)]
         _move_aside(output_dir, earlier, "previous")
@@ -176,6 +177,12 @@ def find_checkpoint(output_dir, resume: str, run):
         if finished:
             raise finished_run_error(output_dir, finished, "a run that does not train would overwrite its results")
         return None
+    if finished and not _run_ended(output_dir) and not _trains_further(run, finished):
+        # Not from its last checkpoint: the Trainer checks its end after a step, so a resume there can train
+        # one step past --max_steps. Without checkpoints (save_strategy no) there is only this model anyway.
+        logger.warning("%s: the training ended (step %d) but not the run: evaluating the model it trained; the "
+                       "training's records stay as they are", output_dir, finished[0])
+        return str(output_dir)
     if resume != "auto":
         if not is_complete(resume):
             raise InputError(resume, "not a complete checkpoint folder (no checkpoint_complete.json)",

@@ -1,6 +1,7 @@
 """Checkpoint on SIGTERM (SLURM's time limit or preemption; jobs/launch.sh forwards it),
 every rank stopping at the same step; run_qa.py then exits with EXIT_INTERRUPTED, and a rerun
 (`--resume auto`) continues from the checkpoint."""
+import contextlib
 import logging
 import os
 import signal
@@ -16,6 +17,33 @@ logger = logging.getLogger(__name__)
 # run_qa.py's exit status when training stopped on SIGTERM after saving a checkpoint: the run is
 # unfinished and resumable (128 + SIGTERM, what a shell reports for a process ended by SIGTERM).
 EXIT_INTERRUPTED = 128 + signal.SIGTERM
+
+
+class Interrupted(Exception):
+    """SIGTERM after training (evaluation, prediction): nothing there to checkpoint, a rerun does it again."""
+
+
+@contextlib.contextmanager
+def interrupted_by_sigterm():
+    """SIGTERM raises Interrupted in this process for the duration of the block, so the run leaves with its
+    one line, its status and its lock given back. A process forked meanwhile (a DataLoader worker) keeps
+    SIGTERM's default action: ended, as before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pid = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() == pid:
+            raise Interrupted()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class CheckpointOnSignalCallback(TrainerCallback):
