@@ -1,6 +1,7 @@
 """The run's arguments, from a JSON config and the flags that override it, each checked by its rule before anything
 is written. Importing this module loads no third-party package: a job script learns where the run writes
 (`python -m qa.arguments output_dir CONFIG [ARGS...]`) without transformers (about 9 s)."""
+import difflib
 import json
 import logging
 import math
@@ -358,7 +359,7 @@ def parse_args(argv):
                     usage="%(prog)s [CONFIG.json] [--ARGUMENT VALUE ...]", allow_abbrev=False)  # as output_dir reads
     namespace, unknown = parser.parse_known_args(args=argv)  # --help: prints it, SystemExit(0)
     if unknown:
-        raise InputError(source, f"unknown arguments {unknown}", "remove them, or " + HELP)
+        raise unknown_arguments(source, unknown, parser._option_string_actions)
     values = vars(namespace)
     check_settings(values)
     on_gpu = (values.get("bf16") or values.get("tf32")) and not values.get("use_cpu") and torch.cuda.is_available()
@@ -389,6 +390,17 @@ def device_precision(capability, bf16: bool, tf32) -> tuple:
         instead["TF32"] = "tf32 off"
     device = "the CPU" if capability is None else f"this GPU (compute capability {capability[0]}.{capability[1]})"
     return changes, (f"{device} has no {' and no '.join(instead)}: {', '.join(instead.values())}" if instead else None)
+
+
+def unknown_arguments(source: str, unknown: list, options) -> InputError:
+    """Arguments the parser does not know, each misspelt flag with the closest real one (--learning_rat ->
+    --learning_rate); at most a few shown, so that the line stays short."""
+    flags = [arg.split("=", 1)[0] for arg in unknown if arg.startswith("--")]
+    guesses = [f"{close[0]} (not {flag})" for flag in flags[:3]
+               if (close := difflib.get_close_matches(flag, [o for o in options if o.startswith("--")], n=1))]
+    shown = unknown[:6] + (["..."] if len(unknown) > 6 else [])
+    fix = f"did you mean {', '.join(guesses)}? Otherwise remove them, or " if guesses else "remove them, or "
+    return InputError(source, f"unknown arguments {shown}", fix + HELP)
 
 
 def finalize(training_args, run_args, explicit: set) -> None:
