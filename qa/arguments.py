@@ -362,10 +362,14 @@ def parse_args(argv):
         raise unknown_arguments(source, unknown, parser._option_string_actions)
     values = vars(namespace)
     check_settings(values)
-    on_gpu = (values.get("bf16") or values.get("tf32")) and not values.get("use_cpu") and torch.cuda.is_available()
+    # The device the Trainer (accelerate) will train on: the CPU with --use_cpu or without any accelerator
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6; CUDA, MPS, XPU, ...
+    on_cpu = values.get("use_cpu") or not (accelerator.is_available() if accelerator else torch.cuda.is_available())
+    asked = values.get("bf16") or values.get("tf32") or values.get("fp16")
+    on_gpu = asked and not on_cpu and torch.cuda.is_available()
     local_gpu = int(os.environ.get("LOCAL_RANK") or 0) % max(torch.cuda.device_count(), 1)
     capability = torch.cuda.get_device_capability(local_gpu) if on_gpu else None
-    changes, note = device_precision(capability, values.get("bf16"), values.get("tf32"))
+    changes, note = device_precision(capability, values.get("bf16"), values.get("tf32"), values.get("fp16"), on_cpu)
     values.update(changes)
     try:
         built = parser.parse_dict(values, allow_extra_keys=True)
@@ -377,9 +381,15 @@ def parse_args(argv):
     return (*built, explicit)
 
 
-def device_precision(capability, bf16: bool, tf32) -> tuple:
+def device_precision(capability, bf16: bool, tf32, fp16: bool = False, on_cpu: bool | None = None) -> tuple:
     """-> (settings to change, the line saying so, or None) on a GPU of compute `capability` (None: the CPU). Below 8.0
-    no bf16 tensor cores (fp16 uses them) and no TF32, nor on a CPU; bf16 on a CPU stays: autocast runs it natively."""
+    no bf16 tensor cores (fp16 uses them) and no TF32, nor on a CPU; bf16 on a CPU stays: autocast runs it natively.
+    fp16 on a CPU is refused: accelerate runs no fp16 autocast there, so the run would train in fp32 as if in fp16."""
+    on_cpu = capability is None if on_cpu is None else on_cpu
+    if fp16 and on_cpu:
+        raise InputError("fp16=true", "the CPU cannot train in fp16 (no fp16 autocast there: the run would train "
+                         "in fp32 while its records said fp16)", "pass --bf16 true (the CPU runs bf16) instead, or "
+                         "leave --fp16 out to train in fp32")
     native = capability is not None and tuple(capability) >= (8, 0)
     changes, instead = {}, {}  # what the device lacks -> what the run does instead
     if bf16 and not native and capability is not None:

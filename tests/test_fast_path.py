@@ -112,9 +112,15 @@ def test_compile_settings_reach_accelerate(monkeypatch):
 def test_precision_follows_the_device(capability, bf16, changes, note):
     """configs/fast.json asks for bf16 and TF32: what each device gets instead, and the line saying so."""
     from qa.arguments import device_precision
+    from qa.errors import InputError
 
     assert device_precision(capability, bf16, True) == (changes, note)
     assert device_precision(capability, bf16, None)[0].get("tf32") is None
+    if capability is None:  # no fp16 autocast on a CPU: refused, not trained in fp32 under fp16's name
+        with pytest.raises(InputError, match="fp16=true: the CPU cannot train in fp16"):
+            device_precision(capability, False, None, fp16=True)
+    else:  # every GPU runs fp16 autocast
+        assert device_precision(capability, False, None, fp16=True) == ({}, None)
 
 
 def test_fast_config_parses_on_a_cpu(tmp_path, caplog):

@@ -234,3 +234,16 @@ def test_many_unknown_arguments_keep_the_line_short(offline, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'--no_such_setting_5', '...'" in err[0] and len(err[0]) < 300, err
 
+
+def test_fp16_on_the_cpu_is_refused(tmp_path):
+    """accelerate runs no fp16 autocast on a CPU: the run would train in fp32 while its log, model card and
+    all_results.json said fp16. As a user runs it (--use_cpu: the same refusal on a machine with a GPU)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    proc = run_qa([*BASE, "--fp16", "true", "--max_steps", "2", "--synthetic_eval_examples", "8",
+                   "--output_dir", str(tmp_path / "out")], env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1, proc.stderr
+    assert lines[-1].startswith("error: fp16=true: the CPU cannot train in fp16") and len(lines[-1]) < 300
+    assert "Fix: pass --bf16 true (the CPU runs bf16) instead, or leave --fp16 out" in lines[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
