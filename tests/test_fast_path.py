@@ -312,6 +312,27 @@ def _run(args, tmp_path, timeout=600):
     return proc
 
 
+def test_records_say_what_trained(tmp_path):
+    """bf16 on a CPU runs (accelerate autocasts it there): its losses differ from fp32's at the first step, and
+    results.md and the model card name the precision, attention and optimizer the telemetry read from the live
+    Trainer. Without the telemetry, the precision the settings gave (after device_precision)."""
+    tiny = ["--max_steps", "2", "--logging_steps", "1", "--synthetic_train_examples", "40",
+            "--synthetic_eval_examples", "8", "--per_device_train_batch_size", "8", "--do_train", "--do_eval",
+            "--pad_to_max_length", "false", "--dataloader_num_workers", "0", "--attn_implementation", "eager",
+            "--optim", "adamw_torch"]
+    runs = {}
+    for name, flags in (("bf16", ["--bf16", "true"]), ("fp32", ["--telemetry", "false"])):
+        runs[name] = out = tmp_path / name
+        _run([*FAST_ON_CPU, *tiny, *flags, "--output_dir", str(out)], tmp_path)
+    setup = json.loads((runs["bf16"] / "all_results.json").read_text())["train_setup"]
+    assert (setup["matmul_precision"], setup["attn_implementation"], setup["optimizer"]) == ("bf16", "eager", "AdamW")
+    said = "bf16 matmuls, eager attention, AdamW"
+    assert f"| trained with | {said} |" in (runs["bf16"] / "results.md").read_text()
+    assert f"weight decay 0, {said}; windows" in (runs["bf16"] / "README.md").read_text()
+    assert "| trained with | fp32 matmuls |" in (runs["fp32"] / "results.md").read_text()
+    assert logged_losses(runs["bf16"])[0] != logged_losses(runs["fp32"])[0]
+
+
 @pytest.mark.slow
 def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path):
     """configs/fast.json's switches train (the loss falls) and evaluate; evaluating the saved
