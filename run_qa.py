@@ -85,10 +85,12 @@ def run(argv, callbacks=()):
         raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
         cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
         set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
+        def check(model, tokenizer):  # on the configuration, before the weights are read
+            check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
+            check_model_and_tokenizer(model, tokenizer, data_args)
+
         model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, training=training_args.do_train,
-                                                    compile=training_args.torch_compile)
-        check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
-        check_model_and_tokenizer(model, tokenizer, data_args)
+                                                    compile=training_args.torch_compile, check=check)
         limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
                   "test": data_args.max_predict_samples}
         examples = {s: select_examples(raw[s], limits[s]) for s in raw}

@@ -1,6 +1,7 @@
 """The run's arguments, from a JSON config and the flags that override it, each checked by its rule before anything
 is written. Importing this module loads no third-party package: a job script learns where the run writes
 (`python -m qa.arguments output_dir CONFIG [ARGS...]`) without transformers (about 9 s)."""
+import difflib
 import json
 import logging
 import math
@@ -358,13 +359,17 @@ def parse_args(argv):
                     usage="%(prog)s [CONFIG.json] [--ARGUMENT VALUE ...]", allow_abbrev=False)  # as output_dir reads
     namespace, unknown = parser.parse_known_args(args=argv)  # --help: prints it, SystemExit(0)
     if unknown:
-        raise InputError(source, f"unknown arguments {unknown}", "remove them, or " + HELP)
+        raise unknown_arguments(source, unknown, parser._option_string_actions)
     values = vars(namespace)
     check_settings(values)
-    on_gpu = (values.get("bf16") or values.get("tf32")) and not values.get("use_cpu") and torch.cuda.is_available()
+    # The device the Trainer (accelerate) will train on: the CPU with --use_cpu or without any accelerator
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6; CUDA, MPS, XPU, ...
+    on_cpu = values.get("use_cpu") or not (accelerator.is_available() if accelerator else torch.cuda.is_available())
+    asked = values.get("bf16") or values.get("tf32") or values.get("fp16")
+    on_gpu = asked and not on_cpu and torch.cuda.is_available()
     local_gpu = int(os.environ.get("LOCAL_RANK") or 0) % max(torch.cuda.device_count(), 1)
     capability = torch.cuda.get_device_capability(local_gpu) if on_gpu else None
-    changes, note = device_precision(capability, values.get("bf16"), values.get("tf32"))
+    changes, note = device_precision(capability, values.get("bf16"), values.get("tf32"), values.get("fp16"), on_cpu)
     values.update(changes)
     try:
         built = parser.parse_dict(values, allow_extra_keys=True)
@@ -376,9 +381,15 @@ def parse_args(argv):
     return (*built, explicit)
 
 
-def device_precision(capability, bf16: bool, tf32) -> tuple:
+def device_precision(capability, bf16: bool, tf32, fp16: bool = False, on_cpu: bool | None = None) -> tuple:
     """-> (settings to change, the line saying so, or None) on a GPU of compute `capability` (None: the CPU). Below 8.0
-    no bf16 tensor cores (fp16 uses them) and no TF32, nor on a CPU; bf16 on a CPU stays: autocast runs it natively."""
+    no bf16 tensor cores (fp16 uses them) and no TF32, nor on a CPU; bf16 on a CPU stays: autocast runs it natively.
+    fp16 on a CPU is refused: accelerate runs no fp16 autocast there, so the run would train in fp32 as if in fp16."""
+    on_cpu = capability is None if on_cpu is None else on_cpu
+    if fp16 and on_cpu:
+        raise InputError("fp16=true", "the CPU cannot train in fp16 (no fp16 autocast there: the run would train "
+                         "in fp32 while its records said fp16)", "pass --bf16 true (the CPU runs bf16) instead, or "
+                         "leave --fp16 out to train in fp32")
     native = capability is not None and tuple(capability) >= (8, 0)
     changes, instead = {}, {}  # what the device lacks -> what the run does instead
     if bf16 and not native and capability is not None:
@@ -389,6 +400,17 @@ def device_precision(capability, bf16: bool, tf32) -> tuple:
         instead["TF32"] = "tf32 off"
     device = "the CPU" if capability is None else f"this GPU (compute capability {capability[0]}.{capability[1]})"
     return changes, (f"{device} has no {' and no '.join(instead)}: {', '.join(instead.values())}" if instead else None)
+
+
+def unknown_arguments(source: str, unknown: list, options) -> InputError:
+    """Arguments the parser does not know, each misspelt flag with the closest real one (--learning_rat ->
+    --learning_rate); at most a few shown, so that the line stays short."""
+    flags = [arg.split("=", 1)[0] for arg in unknown if arg.startswith("--")]
+    guesses = [f"{close[0]} (not {flag})" for flag in flags[:3]
+               if (close := difflib.get_close_matches(flag, [o for o in options if o.startswith("--")], n=1))]
+    shown = unknown[:6] + (["..."] if len(unknown) > 6 else [])
+    fix = f"did you mean {', '.join(guesses)}? Otherwise remove them, or " if guesses else "remove them, or "
+    return InputError(source, f"unknown arguments {shown}", fix + HELP)
 
 
 def finalize(training_args, run_args, explicit: set) -> None:

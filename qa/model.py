@@ -133,11 +133,14 @@ def _not_load_report(record) -> bool:
 
 
 def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, compile: bool = False,
-                             require_head: bool = False):
+                             require_head: bool = False, check=None):
     """(model, tokenizer). `training`: whether this run trains the model (what a checkpoint without a QA
     head means); `require_head`: such a checkpoint is an InputError. `compile` (--torch_compile): sdpa
-    attention always gets its mask, and a failed compilation runs eagerly (qa.training.compile)."""
-    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+    attention always gets its mask, and a failed compilation runs eagerly (qa.training.compile).
+    `check(model, tokenizer)`: refusals that need only the configuration, run on the model built on the meta
+    device (no memory, no weights read) before the weights are loaded and their loading is reported."""
+    import torch
+    from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
     path = resolve_model_path(model_args.model_name_or_path, work_dir)
     tokenizer_path = resolve_model_path(model_args.tokenizer_name, work_dir) if model_args.tokenizer_name else path
@@ -149,6 +152,9 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     loading_logger.addFilter(_not_load_report)
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, **kwargs)
+        if check is not None:
+            with torch.device("meta"):
+                check(AutoModelForQuestionAnswering.from_config(AutoConfig.from_pretrained(path, **kwargs)), tokenizer)
         model, info = AutoModelForQuestionAnswering.from_pretrained(
             path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs,
             **({"attn_implementation": kernel} if kernel else {}))

@@ -155,8 +155,8 @@ def test_the_model_card_says_what_the_model_is_how_good_and_how_to_ask_it(tmp_pa
                 "| evaluation | F1 94.71 / EM 93.33 on 300 questions |", "| device | CPU (2 cores) |",
                 "| training time | 131.2 s, of which 120.4 s training and the rest 8 evaluations during training |",
                 "| recipe | 2 epochs, global batch 16 (per device 16 x 1 process(es) x accumulation 1), learning rate "
-                "0.0003, warm-up 0.1, weight decay 0, fp32; windows of 128 tokens, stride 32, questions cut at 32 "
-                "tokens; seed 42 |"):
+                "0.0003, warm-up 0.1, weight decay 0, fp32 matmuls; windows of 128 tokens, stride 32, questions cut "
+                "at 32 tokens; seed 42 |"):
         assert row in body, row
     assert f"bert-squad-answer {tmp_path / 'smoke'} --question" in body and "from answer_qa import Answerer" in body
     from tests.test_markdown import rendering_problems

@@ -112,9 +112,15 @@ def test_compile_settings_reach_accelerate(monkeypatch):
 def test_precision_follows_the_device(capability, bf16, changes, note):
     """configs/fast.json asks for bf16 and TF32: what each device gets instead, and the line saying so."""
     from qa.arguments import device_precision
+    from qa.errors import InputError
 
     assert device_precision(capability, bf16, True) == (changes, note)
     assert device_precision(capability, bf16, None)[0].get("tf32") is None
+    if capability is None:  # no fp16 autocast on a CPU: refused, not trained in fp32 under fp16's name
+        with pytest.raises(InputError, match="fp16=true: the CPU cannot train in fp16"):
+            device_precision(capability, False, None, fp16=True)
+    else:  # every GPU runs fp16 autocast
+        assert device_precision(capability, False, None, fp16=True) == ({}, None)
 
 
 def test_fast_config_parses_on_a_cpu(tmp_path, caplog):
@@ -304,6 +310,27 @@ def _run(args, tmp_path, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def test_records_say_what_trained(tmp_path):
+    """bf16 on a CPU runs (accelerate autocasts it there): its losses differ from fp32's at the first step, and
+    results.md and the model card name the precision, attention and optimizer the telemetry read from the live
+    Trainer. Without the telemetry, the precision the settings gave (after device_precision)."""
+    tiny = ["--max_steps", "2", "--logging_steps", "1", "--synthetic_train_examples", "40",
+            "--synthetic_eval_examples", "8", "--per_device_train_batch_size", "8", "--do_train", "--do_eval",
+            "--pad_to_max_length", "false", "--dataloader_num_workers", "0", "--attn_implementation", "eager",
+            "--optim", "adamw_torch"]
+    runs = {}
+    for name, flags in (("bf16", ["--bf16", "true"]), ("fp32", ["--telemetry", "false"])):
+        runs[name] = out = tmp_path / name
+        _run([*FAST_ON_CPU, *tiny, *flags, "--output_dir", str(out)], tmp_path)
+    setup = json.loads((runs["bf16"] / "all_results.json").read_text())["train_setup"]
+    assert (setup["matmul_precision"], setup["attn_implementation"], setup["optimizer"]) == ("bf16", "eager", "AdamW")
+    said = "bf16 matmuls, eager attention, AdamW"
+    assert f"| trained with | {said} |" in (runs["bf16"] / "results.md").read_text()
+    assert f"weight decay 0, {said}; windows" in (runs["bf16"] / "README.md").read_text()
+    assert "| trained with | fp32 matmuls |" in (runs["fp32"] / "results.md").read_text()
+    assert logged_losses(runs["bf16"])[0] != logged_losses(runs["fp32"])[0]
 
 
 @pytest.mark.slow

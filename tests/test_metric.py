@@ -469,3 +469,22 @@ def test_dev_first_word_matches_a_simple_computation(dev, tmp_path, capsys):
     code, out, _ = run_cli(capsys, str(DEV_V11), pred_file)
     assert code == 0 and out == json.dumps(result) + "\n"
 
+
+
+@needs_dev
+def test_files_in_swapped_order_are_named_as_such_in_one_short_line(tmp_path, capsys):
+    """The real dev set and predictions for it, given predictions first: one line under 300 characters that says the
+    order is swapped (not thousands of question ids from the predictions file read as a dataset's top level)."""
+    from qa.evaluation.metric import main
+
+    predictions = tmp_path / "predictions.json"
+    dev = read_official_squad(DEV_V11)["data"]
+    predictions.write_text(json.dumps({qa["id"]: qa["answers"][0]["text"] for article in dev
+                                       for paragraph in article["paragraphs"] for qa in paragraph["qas"]}))
+    assert main([str(predictions), str(DEV_V11)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and len(err[0]) < 300, (len(err[0]), err[0][:400])
+    assert err[0].startswith(f"error: {predictions}: holds predictions") and "swapped order" in err[0]
+    assert err[0].endswith("Fix: give the dataset first: bert-squad-score DATASET_FILE PREDICTIONS_FILE")
+    assert main([str(DEV_V11), str(predictions)]) == 0  # that order scores them
+    assert json.loads(capsys.readouterr().out) == {"exact_match": 100.0, "f1": 100.0}

@@ -209,3 +209,41 @@ def test_help_in_process_returns_0(capsys):
     out = capsys.readouterr().out
     assert "--per_device_train_batch_size" in out
     assert out.startswith("usage: ") and "[CONFIG.json] [--ARGUMENT VALUE ...]" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("typo, meant", [
+    (["--learning_rat", "1e-4"], "--learning_rate"),
+    (["--per_device_train_batchsize", "8"], "--per_device_train_batch_size"),
+    (["--num_train_epoch=2"], "--num_train_epochs"),
+])
+def test_a_misspelt_flag_is_answered_with_the_closest_one(typo, meant, offline, capsys):
+    from run_qa import main
+
+    out = offline / "out"
+    assert main(BASE + typo + ["--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    flag = typo[0].split("=")[0]
+    assert len(err) == 1 and f"Fix: did you mean {meant} (not {flag})?" in err[0], err
+    assert len(err[0]) < 300 and not out.exists()
+
+
+def test_many_unknown_arguments_keep_the_line_short(offline, capsys):
+    from run_qa import main
+
+    assert main(BASE + [f"--no_such_setting_{i}" for i in range(40)] + ["--output_dir", str(offline / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'--no_such_setting_5', '...'" in err[0] and len(err[0]) < 300, err
+
+
+def test_fp16_on_the_cpu_is_refused(tmp_path):
+    """accelerate runs no fp16 autocast on a CPU: the run would train in fp32 while its log, model card and
+    all_results.json said fp16. As a user runs it (--use_cpu: the same refusal on a machine with a GPU)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    proc = run_qa([*BASE, "--fp16", "true", "--max_steps", "2", "--synthetic_eval_examples", "8",
+                   "--output_dir", str(tmp_path / "out")], env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1, proc.stderr
+    assert lines[-1].startswith("error: fp16=true: the CPU cannot train in fp16") and len(lines[-1]) < 300
+    assert "Fix: pass --bf16 true (the CPU runs bf16) instead, or leave --fp16 out" in lines[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -3,6 +3,7 @@ RoBERTa-style model whose byte-level BPE tokenizer is trained here in seconds (n
 token_type_ids, <s>/</s> special tokens, positions offset by the padding index), and the
 tokenizers and settings refused before anything runs."""
 import json
+import logging
 import re
 import unicodedata
 
@@ -353,3 +354,15 @@ def test_window_room_counts_the_tokenizers_own_special_tokens(roberta_dir):
     check_tokenizer(minilm_tokenizer(), 128, 92, 32)  # room 128 - 32 - 3 = 93
     with pytest.raises(InputError, match="max_seq_length - max_query_length - 4 = 92"):
         check_tokenizer(tok, 128, 92, 32)
+
+
+def test_max_seq_length_beyond_the_positions_is_refused_before_the_weights_load(tmp_path, monkeypatch, capsys,
+                                                                               caplog):
+    """The refusal needs the configuration only: no weights read, so no word about the new QA head either."""
+    out = tmp_path / "out"
+    with caplog.at_level(logging.INFO):
+        code = _main(monkeypatch, tmp_path, ["--model_name_or_path", "bundled:minilm", *SYNTHETIC,
+                                             "--max_seq_length", "520", "--output_dir", str(out)])
+    line = _assert_refused(code, capsys, out, "max_seq_length=520")
+    assert "has position embeddings for 512 tokens only" in line
+    assert not [r.getMessage() for r in caplog.records if r.name == "qa.model"], "the weights were loaded"

@@ -56,7 +56,9 @@ def table_from_document(obj, path: str, require_answers: bool) -> Table:
     elif isinstance(obj, list):
         items = obj
     else:
-        found = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__
+        keys = sorted(obj) if isinstance(obj, dict) else [type(obj).__name__]
+        # a few keys: the line stays short whatever the file holds
+        found = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more keys" if len(keys) > 5 else "")
         raise InputError(path, f"unknown layout (top level: {found})",
                          'give the official SQuAD JSON {"version", "data": [{"title", "paragraphs": [...]}]}, '
                          f'a list of records or {{"data": [records]}} with columns {EXPECTED_COLUMNS}')

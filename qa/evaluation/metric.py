@@ -205,10 +205,26 @@ def _coverage_note(qids, predictions, args, version_2):
     return "; ".join(notes) or None
 
 
+def _looks_like_predictions(path) -> bool:
+    """A JSON object of strings only, as a predictions file is (a dataset has lists and objects)."""
+    try:
+        found = read_json(path, "dataset file")
+    except InputError:
+        return False
+    return isinstance(found, dict) and bool(found) and all(isinstance(v, str) for v in found.values())
+
+
 def _score_files(args) -> str:
     # The project's one reader, with its layout checks and messages (answer positions are not checked:
     # the metric compares texts).
-    squad = read_squad(args.dataset_file, check_answer_spans=False)
+    try:
+        squad = read_squad(args.dataset_file, check_answer_spans=False)
+    except InputError:
+        if _looks_like_predictions(args.dataset_file):
+            raise InputError(str(args.dataset_file), "holds predictions (question id -> answer text), not a dataset: "
+                             "the two files are likely given in swapped order", "give the dataset first: "
+                             "bert-squad-score DATASET_FILE PREDICTIONS_FILE") from None
+        raise
     questions = _questions(squad.dataset)
     predictions = _read_mapping(args.predictions_file, "predictions file", "answer", "string",
                                 "write a JSON object mapping each question id to its answer text")

@@ -28,11 +28,25 @@ def _front_matter(cfg: dict) -> list:
     return lines + ["---", ""]
 
 
-def _recipe(cfg: dict, world: int) -> str:
+def trained_with(results: dict, cfg: dict) -> str:
+    """The matmul precision, attention and optimizer training ran with, as the telemetry read them from the live
+    Trainer (train_setup); without it (--telemetry false), the precision the settings gave after device_precision."""
+    setup = results.get("train_setup") or {}
+    precision = setup.get("matmul_precision") or results.get("train_matmul_precision") or (
+        "bf16" if cfg.get("bf16") else "fp16" if cfg.get("fp16") else "tf32" if cfg.get("tf32") else "fp32")
+    said = [f"{precision} matmuls"]
+    if setup.get("attn_implementation"):
+        said.append(f"{setup['attn_implementation']} attention")
+    if setup.get("optimizer"):
+        said.append(setup["optimizer"] + (" (fused)" if setup.get("optimizer_fused") else ""))
+    return ", ".join(said)
+
+
+def _recipe(cfg: dict, world: int, results: dict) -> str:
     batch, accumulation = cfg.get("per_device_train_batch_size"), cfg.get("gradient_accumulation_steps") or 1
     length = (f"{cfg['max_steps']} steps" if (cfg.get("max_steps") or -1) > 0
               else f"{cfg.get('num_train_epochs'):g} epochs")
-    precision = "bf16" if cfg.get("bf16") else "fp16" if cfg.get("fp16") else "fp32"
+    precision = trained_with(results, cfg)
     return (f"{length}, global batch {batch * world * accumulation} (per device {batch} x {world} process(es) x "
             f"accumulation {accumulation}), learning rate {cfg.get('learning_rate'):g}, warm-up "
             f"{cfg.get('warmup_steps') or 0:g}, weight decay {cfg.get('weight_decay') or 0:g}, {precision}; windows of "
@@ -68,7 +82,7 @@ def model_card(output_dir, results: dict, env: dict, device: str) -> str:
     rows = [("base model", cfg.get("model_name_or_path")), ("task", f"extractive question answering, {version}"),
             ("training data", split_source(cfg, "train")),
             ("evaluation data", split_source(cfg, "validation") if cfg.get("do_eval") else None),
-            ("recipe", _recipe(cfg, world)), ("evaluation", scores),
+            ("recipe", _recipe(cfg, world, results)), ("evaluation", scores),
             ("training time", _training_time(results)),
             ("device", device + (f", {world} processes" if world > 1 else "")),
             ("run", env.get("started_utc") and f"started {env['started_utc']} on {env.get('host')}, "

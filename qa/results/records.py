@@ -11,7 +11,7 @@ from pathlib import Path
 from qa.data.sources import split_source
 from qa.data.synthetic import synthetic_squad
 from qa.io import atomic_write_json, atomic_write_text, read_json
-from qa.results.model_card import number, write_model_card
+from qa.results.model_card import number, trained_with, write_model_card
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
@@ -105,6 +105,7 @@ def results_markdown(results: dict, env: dict) -> str:
         questions, features = results.get("train_examples"), results.get("train_features")
         rows += [
             ("training data", split_source(cfg, "train")),
+            ("trained with", trained_with(results, cfg)),
             ("training questions (features)", None if questions is None or features is None else
              f"{questions:,} ({features:,})"),
             ("training time (evaluations included)" if evals else "training time", fmt("train_runtime", " s", 1)),

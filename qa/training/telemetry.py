@@ -85,9 +85,18 @@ def _sig(value, digits=5):
     return None if value is None else float(f"{value:.{digits}g}")
 
 
-def describe_training(args, model, optimizer=None, train_dataloader=None) -> dict:
+def autocast_precision(args, accelerator=None) -> str:
+    """The matmul precision training runs in: accelerate's autocast when it runs one (it runs none for fp16 on a
+    CPU), else TF32 or fp32 as torch has it; from the arguments only without the accelerator."""
+    if accelerator is None:
+        return matmul_precision(args.bf16, args.fp16)
+    autocast = accelerator.mixed_precision if accelerator.native_amp else None
+    return matmul_precision(autocast == "bf16", autocast == "fp16")
+
+
+def describe_training(args, model, optimizer=None, train_dataloader=None, accelerator=None) -> dict:
     """The kernels, optimizer, sampler, collator and precision a run trains with, read from the
-    live objects the Trainer hands its callbacks (not from the arguments that asked for them)."""
+    live objects the Trainer hands its callbacks and its accelerator (not from the arguments that asked)."""
     config = getattr(getattr(model, "_orig_mod", model), "config", None)
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
     loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
@@ -101,7 +110,7 @@ def describe_training(args, model, optimizer=None, train_dataloader=None) -> dic
         "sampler": type(sampler).__name__ if sampler is not None else None,
         "collator": type(getattr(train_dataloader, "collate_fn", None)).__name__ if train_dataloader else None,
         "dataloader_num_workers": getattr(train_dataloader, "num_workers", None),
-        "matmul_precision": matmul_precision(args.bf16, args.fp16),  # TF32 as torch has it, not as asked
+        "matmul_precision": autocast_precision(args, accelerator),  # TF32 as torch has it, not as asked
         "torch_compile": bool(args.torch_compile),
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
@@ -176,12 +185,15 @@ class TelemetryCallback(TrainerCallback):
 
     def __init__(self, peak_tflops=None, timed_steps=None, window_min_s=None):
         self.peak_tflops, self.timed_steps, self.window_min_s = peak_tflops, timed_steps, window_min_s
-        self._summary, self._hook, self._training = {}, None, False
+        self._summary, self._hook, self._training, self._accelerator = {}, None, False, None
+
+    def bind(self, trainer) -> None:  # its accelerator says which autocast, if any, the training steps run in
+        self._accelerator = trainer.accelerator
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
         self._cuda = torch.cuda.is_available() and getattr(args.device, "type", "") == "cuda"
         device_name = torch.cuda.get_device_name(args.device) if self._cuda else None
-        self.setup = describe_training(args, model, optimizer, train_dataloader)
+        self.setup = describe_training(args, model, optimizer, train_dataloader, self._accelerator)
         self.precision, self.world_size = self.setup["matmul_precision"], self.setup["world_size"]
         self.peak, self.peak_source = peak_flops(device_name, self.precision, self.peak_tflops)
         self.shape, self.gradients = model_shape(model), gradient_size(model)
