@@ -13,7 +13,8 @@ Pieces, in order of value (bench/README.md has the prepared call and the estimat
   train       one run_qa.py training with configs/fast.json (a random bert-base: it costs what the pretrained one
               costs), dev articles 0:42, 1 epoch, evaluated on 42:, telemetry, a bounded profile, TensorBoard
   parity-*    parity.py, one run per piece: the reference and the fast recipe, seeds 42 and 43 (the MiniLM)
-  attempts    run_bench.py: what the GPU profile points to, beside reference_bf16 and fast (fast_cudagraphs)
+  attempt-*   run_bench.py: a change the GPU profile points to, beside reference_bf16 and fast (fast_cudagraphs,
+              fast_whole_model)
   variants    run_bench.py: reference (fp32), fast_no_compile, fast_static64
 A piece counts as done only when it ran to its end and every compiled variant compiled (dynamo's counters show
 graphs and no frame fell back to eager) with nothing compiled in a timed window. The deadline counts from the
@@ -45,18 +46,20 @@ from qa.io import atomic_write_json, atomic_write_text, read_json
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "gpu"
 PARITY = [f"parity-{recipe}-{seed}" for seed in (42, 43) for recipe in ("reference", "fast")]
-PIECES = ["bench", "train", *PARITY, "attempts", "variants"]
-# run_bench.py's variants of the pieces that benchmark: `attempts` measures the changes the GPU profile points to
-# (bench/README.md) beside the bf16 reference and fast, in one call.
-BENCH_VARIANTS = {"bench": "reference_bf16,fast", "attempts": "reference_bf16,fast,fast_cudagraphs",
+ATTEMPTS = ["attempt-cudagraphs", "attempt-whole-model"]
+PIECES = ["bench", "train", *PARITY, *ATTEMPTS, "variants"]
+# run_bench.py's variants of the pieces that benchmark: each attempt measures a change the GPU profile points to
+# (host time per step: docs/benchmarks.md) beside the bf16 reference and fast, in one call.
+BENCH_VARIANTS = {"bench": "reference_bf16,fast", "attempt-cudagraphs": "reference_bf16,fast,fast_cudagraphs",
+                  "attempt-whole-model": "reference_bf16,fast,fast_whole_model",
                   "variants": "reference,fast_no_compile,fast_static64"}
 # Seconds each piece is expected to take before it ran to its end (GPU: measured on one H100 where a piece has
 # run, 2026-11-26, else from the published A100 rate and an H100's ~3x bf16; CPU: the rehearsal's tiny sizes on 2
 # cores). Measured ones replace them (estimate()).
-ESTIMATES = {"gpu": {"preflight": 45, "bench": 200, "train": 110, "attempts": 300, "variants": 300,
+ESTIMATES = {"gpu": {"preflight": 45, "bench": 200, "train": 110, **dict.fromkeys(ATTEMPTS, 300), "variants": 300,
                      "parity-reference-42": 105, "parity-reference-43": 105, "parity-fast-42": 240,
                      "parity-fast-43": 240},
-             "cpu": {"preflight": 30, "bench": 90, "train": 100, "attempts": 150, "variants": 150,
+             "cpu": {"preflight": 30, "bench": 90, "train": 100, **dict.fromkeys(ATTEMPTS, 150), "variants": 150,
                      **dict.fromkeys(PARITY, 150)}}
 PACK_MARGIN_S = 15  # kept back at the end of a call for packing
 LIMITS = {"files": 8, "file_bytes": 16 * 2**20, "total_bytes": 64 * 2**20}

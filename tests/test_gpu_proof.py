@@ -53,7 +53,7 @@ def rehearsal(tmp_path_factory):
     results = tmp / "results"
     first = call(tmp, "first", results, 600, "--pieces", "bench," + PARITY)
     assert proof("collect", first[0], "--results", results).returncode == 0
-    second = call(tmp, "second", results, 600)
+    second = call(tmp, "second", results, 700)
     assert proof("collect", second[0], "--results", results).returncode == 0
     return tmp, results, first, second
 
@@ -65,11 +65,11 @@ def test_calls_add_up_and_each_comes_back_small(rehearsal):
     assert all(r["status"] == "ok" for r in call1["pieces"].values()), call1["pieces"]
     # the second call runs the preflight and only what the first left
     assert call2["already_done"] == sorted(["bench", *PARITY.split(",")])
-    assert list(call2["pieces"]) == ["preflight", "train", "attempts", "variants"]
+    assert list(call2["pieces"]) == ["preflight", "train", "attempt-cudagraphs", "attempt-whole-model", "variants"]
     assert all(r["status"] == "ok" for r in call2["pieces"].values()), call2["pieces"]
     for out in (out1, out2):
         assert_comes_back(out)
-    for piece in ("bench", "train", "attempts", "variants", *PARITY.split(",")):
+    for piece in ("bench", "train", "attempt-cudagraphs", "attempt-whole-model", "variants", *PARITY.split(",")):
         r = json.loads((results / f"{piece}.json").read_text())
         assert r["status"] == "ok" and r["device"] and r["versions"]["torch"] and r["started_utc"] and r["command"]
     proof_md = (results / "proof.md").read_text()
@@ -83,9 +83,10 @@ def test_every_piece_brings_its_figures(rehearsal):
     assert set(bench["variants"]) == {"reference_bf16", "fast"} and not bench["failed"]
     assert bench["variants"]["fast"]["compiled"] == "yes" and bench["variants"]["fast"]["compiles_in_window"] == 0
     assert "fast/reference_bf16" in bench["ratios"]
-    attempts = json.loads((results / "attempts.json").read_text())["findings"]
-    assert set(attempts["variants"]) == {"reference_bf16", "fast", "fast_cudagraphs"}
-    assert attempts["variants"]["fast_cudagraphs"]["compiled"] == "yes"
+    for piece, variant in (("attempt-cudagraphs", "fast_cudagraphs"), ("attempt-whole-model", "fast_whole_model")):
+        attempt = json.loads((results / f"{piece}.json").read_text())["findings"]
+        assert set(attempt["variants"]) == {"reference_bf16", "fast", variant}
+        assert attempt["variants"][variant]["compiled"] == "yes"
     variants = json.loads((results / "variants.json").read_text())["findings"]
     assert set(variants["variants"]) == {"reference", "fast_no_compile", "fast_static64"}
     train = json.loads((results / "train.json").read_text())["findings"]
