@@ -31,7 +31,9 @@ def command(main):
         try:
             return main(*args, **kwargs)
         except InputError as err:
-            print(f"error: {err}", file=sys.stderr)
+            # One write: print's text and newline are two when unbuffered, and ranks sharing a stderr interleave them
+            sys.stderr.write(f"error: {err}\n")
+            sys.stderr.flush()
             return err.exit_code
         except SystemExit as exit_:
             if exit_.code in (0, None):
