@@ -31,6 +31,7 @@ from qa.data import features as features_module
 from qa.errors import InputError
 from qa.io import atomic_write_json, read_json
 from qa.manifest import check_files, record_files
+from qa.training.runlock import process_start  # the run lock's test of a live process
 
 logger = logging.getLogger(__name__)
 
@@ -158,16 +159,6 @@ def _publish(feats, pointer: Path) -> Path:
     return folder
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        pass
-    return True
-
-
 def _clean(cache_dir: Path) -> None:
     """Removes staging folders of writers that died and versions replaced more than KEEP_REPLACED_S ago."""
     host, now = socket.gethostname(), time.time()
@@ -180,7 +171,7 @@ def _clean(cache_dir: Path) -> None:
         if tmp:
             # Only this node can tell whether one of its processes lives; another node's folder (or one whose
             # pid was taken again) is judged by its age.
-            why = ("its writer died" if tmp["host"] == host and not _alive(int(tmp["pid"]))
+            why = ("its writer died" if tmp["host"] == host and process_start(int(tmp["pid"])) is None
                    else "left for a day" if age > FOREIGN_TMP_S else None)
         elif version and age > KEEP_REPLACED_S:
             try:

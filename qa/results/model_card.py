@@ -6,6 +6,7 @@ from pathlib import Path
 
 from qa.data.sources import split_source
 from qa.io import atomic_write_text
+from qa.training.flops import matmul_precision
 
 CARD = "README.md"
 # Hub ids of the bundled models that have one (bundled:tiny-bert is built at random: none).
@@ -32,8 +33,8 @@ def trained_with(results: dict, cfg: dict) -> str:
     """The matmul precision, attention and optimizer training ran with, as the telemetry read them from the live
     Trainer (train_setup); without it (--telemetry false), the precision the settings gave after device_precision."""
     setup = results.get("train_setup") or {}
-    precision = setup.get("matmul_precision") or results.get("train_matmul_precision") or (
-        "bf16" if cfg.get("bf16") else "fp16" if cfg.get("fp16") else "tf32" if cfg.get("tf32") else "fp32")
+    precision = setup.get("matmul_precision") or results.get("train_matmul_precision") or matmul_precision(
+        cfg.get("bf16"), cfg.get("fp16"), bool(cfg.get("tf32")))
     said = [f"{precision} matmuls"]
     if setup.get("attn_implementation"):
         said.append(f"{setup['attn_implementation']} attention")
