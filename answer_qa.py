@@ -20,9 +20,9 @@ From Python (a notebook, a script):
     qa.answer_many(questions, contexts)          # or qa.answer_file("questions.jsonl"): lists of those
 
 The questions go through what `run_qa.py --do_predict` runs, with the settings the model was trained
-with (MODEL_DIR/environment.json): the project's data checks (qa.data), windows (qa.data.features),
+with (MODEL_DIR/environment.json): the project's data checks (qa.data), windows (utils_qa),
 batches (the run's collator and evaluation batch size, in its precision) and post-processing
-(qa.evaluation.postprocess). So the answers are those --do_predict writes, a context longer than one window
+(utils_qa). So the answers are those --do_predict writes, a context longer than one window
 and a batch of questions included. This module is its own entry point: training never imports it.
 """
 import argparse
@@ -82,9 +82,9 @@ class Answerer:
     def __init__(self, model_dir, device=None, batch_size=None):
         import torch
 
-        from qa.data.features import check_tokenizer
+        from utils_qa import check_tokenizer
         from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
-        from qa.evaluation.postprocess import PostProcessing
+        from utils_qa import PostProcessing
 
         folder = check_model_dir(model_dir)
         model, self.tokenizer = load_model_and_tokenizer(ModelArguments(model_name_or_path=str(folder)),
@@ -128,7 +128,7 @@ class Answerer:
 
     def answer_examples(self, examples, top_k: int = 1) -> list:
         """Questions as the data readers return them (id, question, context): one result each."""
-        from qa.data.features import prepare_validation_features
+        from utils_qa import prepare_validation_features
 
         check_top_k(top_k)
         args = self.data_args
@@ -184,7 +184,7 @@ class Answerer:
 
 
 def _answer(entry: dict) -> dict:
-    """An n-best entry of qa.evaluation.postprocess as the answer to show."""
+    """An n-best entry of utils_qa.rank_answers as the answer to show."""
     return {"answer": entry["text"], "start": entry["answer_start"], "end": entry["answer_end"],
             "score": entry["probability"]}
 

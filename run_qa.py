@@ -22,11 +22,11 @@ from qa.arguments import eval_out_of_memory, finalize, out_of_memory, parse_args
 from qa.console import configure_logging
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
-from qa.data.features import check_tokenizer, prepare_train_features, prepare_validation_features
+from utils_qa import check_tokenizer, prepare_train_features, prepare_validation_features
 from qa.data.sources import load_raw_datasets
 from qa.distributed import close_process_group, on_main_rank
 from qa.errors import InputError, command
-from qa.evaluation.postprocess import PostProcessing
+from utils_qa import PostProcessing
 from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
 from qa.results.records import environment_record, finish_run, save_split_metrics, write_environment

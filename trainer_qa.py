@@ -23,8 +23,8 @@ from transformers.trainer_utils import rotate_checkpoints, speed_metrics
 
 from qa.training.checkpoints import COMPLETE_MARKER, write_marker
 from qa.io import give_new_file_modes
-from qa.evaluation.metric import scores_from_examples
-from qa.evaluation.postprocess import PostProcessing
+from utils_qa import scores_from_examples
+from utils_qa import PostProcessing
 from qa.evaluation.time_to_accuracy import first_questions
 from qa.training.compile import rng_kept
 
@@ -33,7 +33,7 @@ class QuestionAnsweringTrainer(Trainer):
     def __init__(self, *args, eval_examples=None, post_processing: PostProcessing = PostProcessing(),
                  log_extras=None, checkpoint_record=None, **kwargs):
         """`eval_examples`: the questions behind `eval_dataset` (its features);
-        `post_processing`: how logits become answers (qa.evaluation.postprocess.PostProcessing);
+        `post_processing`: how logits become answers (utils_qa.PostProcessing);
         `log_extras`: a function of a log entry returning values to add to it (the run's
         throughput figures, qa.training.telemetry.TelemetryCallback.log_values); `checkpoint_record`: what the
         checkpoints' steps mean (qa.training.checkpoints.run_record), kept in their completion markers."""

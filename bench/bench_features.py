@@ -48,7 +48,7 @@ def timed(fn, *args, **kwargs):
 def breakdown(examples, tokenizer):
     import numpy as np
 
-    from qa.data import features as F
+    import utils_qa as F
 
     batch = {k: examples[k] for k in ("id", "question", "context", "answers")}
     out = {}
@@ -73,7 +73,7 @@ def breakdown(examples, tokenizer):
 
 def cache_path(examples, tokenizer, pad, cache_dir):
     from qa.data.cache import cached_features
-    from qa.data.features import prepare_train_features
+    from utils_qa import prepare_train_features
 
     params = dict(PARAMS, pad_to_max_length=pad)
     run = lambda: cached_features(examples, tokenizer, prepare_train_features, params, cache_dir=cache_dir)  # noqa

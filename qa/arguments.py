@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 # transformers' own default, fixed here so that the job script (job_time.jsonl goes there) and the run agree
 DEFAULT_OUTPUT_DIR = "trainer_output"
 SEED_LIMIT = 2**32  # numpy's seeding (transformers' set_seed seeds numpy too) takes 0 .. 2**32 - 1
-PAIR_SPECIAL_TOKENS = 3  # BERT's [CLS] q [SEP] c [SEP]; qa.data.features.check_tokenizer counts the tokenizer's own
+PAIR_SPECIAL_TOKENS = 3  # BERT's [CLS] q [SEP] c [SEP]; utils_qa.check_tokenizer counts the tokenizer's own
 # A rule: rule(name, value, values) raises InputError when `value` breaks it (`values`: every setting).
 
 

@@ -1,7 +1,7 @@
 """The project's one error type for what a user must fix, and the one way a command reports it.
 
 An `InputError`'s message is a single line that names the file, record or setting at fault and
-says how to fix it. Every command of the project (run_qa.py, python -m qa.evaluation.metric, tools/prefetch.py,
+says how to fix it. Every command of the project (run_qa.py, utils_qa.py score, tools/prefetch.py,
 tools/scaling_report.py, ...) runs its main function through `command`, which prints the message
 as `error: <message>` on stderr and exits with the error's status: 2, or the distinct status of a
 failure the user fixes the same way (EXIT_OUT_OF_MEMORY); anything else is a bug and keeps its

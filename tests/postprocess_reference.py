@@ -1,11 +1,11 @@
 """The plain loop of the well-known Hugging Face example's post-processing: the oracle that
-qa.evaluation.postprocess's vectorised version must equal (tests/test_postprocess.py) and the baseline
+utils_qa.rank_answers, the vectorised version, must equal (tests/test_postprocess.py) and the baseline
 bench/bench_postprocess.py times it against."""
 import collections
 
 import numpy as np
 
-from qa.evaluation.postprocess import _column, best_valid_span, check_inputs, collect, finish, warn_featureless
+from utils_qa import _column, best_valid_span, check_inputs, collect, finish, warn_featureless
 
 
 def postprocess_qa_predictions_reference(examples, features, all_start_logits, all_end_logits, *,

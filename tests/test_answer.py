@@ -76,7 +76,7 @@ def predicted(request, tiny_dir, tmp_path, monkeypatch):
 
 def test_answers_are_those_of_do_predict_with_long_contexts_in_batches(predicted):
     from answer_qa import Answerer
-    from qa.data.features import prepare_validation_features
+    from utils_qa import prepare_validation_features
 
     model, test_file, out, version_2 = predicted
     answerer = Answerer(model)

@@ -13,7 +13,7 @@ import pytest
 
 from qa.data import cache
 from qa.data.cache import cached_features, features_key
-from qa.data.features import prepare_train_features, prepare_validation_features
+from utils_qa import prepare_train_features, prepare_validation_features
 from qa.arguments import DataArguments
 from qa.data.sources import load_raw_datasets
 from tests.helpers import minilm_tokenizer, results, run_qa
@@ -194,3 +194,22 @@ def test_a_run_over_a_damaged_entry_finishes_with_one_line(tmp_path):
     assert len(damaged) == 1 and "data-00000-of-00001.arrow has" in damaged[0], second.stderr[-3000:]
     assert "Traceback" not in second.stderr
     assert results(tmp_path / "second")["eval_f1"] == results(tmp_path / "first")["eval_f1"]
+
+
+def test_the_code_key_follows_what_makes_features_and_nothing_beside_it(tmp_path):
+    """An edit of a function the feature function calls changes its key; an edit of a neighbour (the
+    post-processing beside the windows in utils_qa.py) does not."""
+    import importlib.util
+
+    def digest(callee, neighbour):
+        path = tmp_path / f"v{len(list(tmp_path.iterdir()))}.py"
+        path.write_text(f"LIMIT = 3\n\ndef make(x):\n    return [helper(v) for v in x][:LIMIT]\n\n"
+                        f"def helper(v):\n    return {callee}\n\ndef neighbour(v):\n    return {neighbour}\n")
+        spec = importlib.util.spec_from_file_location("qa.digest_probe", path)  # a project module's name
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return cache.code_digest(module.make)
+
+    base = digest("v + 1", "v")
+    assert digest("v + 1", "v * 2") == base
+    assert digest("v + 2", "v") != base

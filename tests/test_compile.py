@@ -131,7 +131,7 @@ def test_compile_warm_up_leaves_training_unchanged(tmp_path):
 
     from qa.arguments import ModelArguments
     from qa.data.collate import BucketPaddingCollator
-    from qa.data.features import prepare_train_features
+    from utils_qa import prepare_train_features
     from qa.model import load_model_and_tokenizer
     from qa.training.compile import CompileWarmupCallback
     from trainer_qa import QuestionAnsweringTrainer

@@ -27,7 +27,7 @@ EXAMPLES["answers"] = [{"text": ["Paris"], "answer_start": [c.index("Paris")]} f
 def features():
     from datasets import Dataset
 
-    from qa.data.features import prepare_train_features
+    from utils_qa import prepare_train_features
 
     ds = Dataset.from_dict(EXAMPLES)
     return ds.map(prepare_train_features, batched=True, remove_columns=ds.column_names,
@@ -268,7 +268,7 @@ def test_cache_key_does_not_depend_on_what_was_tokenized_before(tmp_path):
     from datasets import Dataset
 
     from qa.data.cache import cached_features, features_key
-    from qa.data.features import prepare_train_features, prepare_validation_features
+    from utils_qa import prepare_train_features, prepare_validation_features
 
     tok = minilm_tokenizer()
     ds = Dataset.from_dict(EXAMPLES)

@@ -2,7 +2,7 @@
 import pytest
 
 from qa.errors import InputError
-from qa.data.features import (CLS_INDEX, prepare_train_features, prepare_validation_features,
+from utils_qa import (CLS_INDEX, prepare_train_features, prepare_validation_features,
                          truncate_questions)
 from qa.arguments import check_window
 from tests.helpers import DEV_SET, dev_set_columns, minilm_tokenizer

@@ -1,7 +1,9 @@
 """The package layout: qa/ holds what a training run uses, and nothing in it reaches upward.
 
 Every module of qa/ must be reached from run_qa.py through imports (those inside functions
-included); the study's model (scaling/) and the tools may use qa, never the reverse."""
+included); the study's model (scaling/) and the tools may use qa, never the reverse. utils_qa.py
+(SQuAD's pre- and post-processing and metric) sits between: it uses qa's readers and checks, and
+the entry points (run_qa.py, trainer_qa.py, answer_qa.py) use it. No import goes round in a cycle."""
 import ast
 
 from tests.helpers import REPO
@@ -36,6 +38,13 @@ def _project_modules(root):
             for p in (REPO / root).rglob("*.py")}
 
 
+def _graph():
+    """{module: the project modules it imports} for qa/ and the top-level modules."""
+    top = {p.stem for p in REPO.glob("*.py")}
+    modules = _project_modules("qa") | top
+    return {m: {i for i in _imports(_file(m)) if i in modules} for m in modules}
+
+
 def test_every_qa_module_is_part_of_a_run():
     seen, todo = set(), ["run_qa"]
     while todo:
@@ -43,12 +52,32 @@ def test_every_qa_module_is_part_of_a_run():
         if module in seen or _file(module) is None:
             continue
         seen.add(module)
-        todo += [m for m in _imports(_file(module)) if m.split(".")[0] in ("qa", "trainer_qa")]
+        todo += [m for m in _imports(_file(module)) if m.split(".")[0] in ("qa", "trainer_qa", "utils_qa")]
         todo.append(module.rpartition(".")[0])  # importing a module imports its package
     assert _project_modules("qa") - seen == set()
 
 
 def test_the_runtime_package_uses_no_study_or_tool_code():
+    upward = ("scaling", "tools", "bench", "run_qa", "trainer_qa", "utils_qa", "answer_qa")
     for path in (REPO / "qa").rglob("*.py"):
-        above = {m for m in _imports(path) if m.split(".")[0] in ("scaling", "tools", "bench", "run_qa", "trainer_qa")}
+        above = {m for m in _imports(path) if m.split(".")[0] in upward}
         assert not above, (path, above)
+
+
+def test_utils_qa_sits_between_qa_and_the_entry_points():
+    graph = _graph()
+    assert {m.split(".")[0] for m in graph["utils_qa"]} <= {"qa"}, graph["utils_qa"]
+    assert {m for m in graph if "utils_qa" in graph[m]} == {"run_qa", "trainer_qa", "answer_qa"}
+
+
+def test_the_import_graph_has_no_cycle():
+    graph, done = _graph(), set()
+
+    def visit(module, path):
+        assert module not in path, " -> ".join([*path, module])
+        if module not in done:
+            for imported in sorted(graph[module]):
+                visit(imported, [*path, module])
+            done.add(module)
+    for module in sorted(graph):
+        visit(module, [])

@@ -1,4 +1,4 @@
-"""Tests for qa.evaluation.metric: hand-computed SQuAD v1.1 / v2.0 scores, the `score` CLI, bad input, and
+"""Tests for utils_qa's metric: hand-computed SQuAD v1.1 / v2.0 scores, the `score` CLI, bad input, and
 sanity checks on the real dev set when it is present."""
 import collections
 import gzip
@@ -8,11 +8,11 @@ import string
 
 import pytest
 
-from qa.evaluation import metric
+import utils_qa
 from qa.data.files import WHAT
 from qa.data.normalise import table_from_document
 from qa.io import read_json
-from qa.evaluation.metric import normalize_answer, scores_from_examples
+from utils_qa import normalize_answer, scores_from_examples
 from tests.helpers import DEV_SET as DEV_V11
 
 
@@ -98,7 +98,7 @@ def test_v1_gold_that_normalises_to_nothing():
 
 
 def test_v1_question_without_gold_answers_is_an_input_error():
-    with pytest.raises(metric.InputError, match="no gold answers"):
+    with pytest.raises(utils_qa.InputError, match="no gold answers"):
         squad_v1_scores(nested(("q", [], True)), {"q": "x"})
 
 
@@ -231,14 +231,14 @@ def write_json(path, obj, compress=False):
 
 
 def run_cli(capsys, *argv):
-    code = metric.main(list(argv))
+    code = utils_qa.score(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
 
 def test_cli_help_exits_0(capsys):
     code, out, _ = run_cli(capsys, "--help")
-    assert code == 0 and out.startswith("usage: python -m qa.evaluation.metric ") and "dataset_file" in out
+    assert code == 0 and out.startswith("usage: python utils_qa.py score ") and "dataset_file" in out
 
 
 @pytest.mark.parametrize("compress", [False, True])
@@ -475,7 +475,7 @@ def test_dev_first_word_matches_a_simple_computation(dev, tmp_path, capsys):
 def test_files_in_swapped_order_are_named_as_such_in_one_short_line(tmp_path, capsys):
     """The real dev set and predictions for it, given predictions first: one line under 300 characters that says the
     order is swapped (not thousands of question ids from the predictions file read as a dataset's top level)."""
-    from qa.evaluation.metric import main
+    from utils_qa import score as main
 
     predictions = tmp_path / "predictions.json"
     dev = read_official_squad(DEV_V11)["data"]

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from qa.evaluation.postprocess import postprocess_qa_predictions
+from utils_qa import rank_answers
 from tests.helpers import DEV_SET
 from tests.postprocess_reference import postprocess_qa_predictions_reference
 
@@ -42,7 +42,7 @@ def run(windows, starts, ends, seq_len=None, example_ids=None, examples=None, **
             end[f, i] = v
     examples = examples or {"id": ["q"], "context": [CONTEXT]}
     features = {"example_id": example_ids or ["q"] * len(windows), "offset_mapping": windows}
-    got = postprocess_qa_predictions(examples, features, start, end, **kwargs)
+    got = rank_answers(examples, features, start, end, **kwargs)
     assert got == postprocess_qa_predictions_reference(examples, features, start, end, **kwargs)
     json.dumps(got)  # JSON-serialisable, floats included
     return got
@@ -151,7 +151,7 @@ def test_no_valid_span_among_the_nbest(v2):
     for f in range(2):
         start[f, list(starts[f])], end[f, list(ends[f])] = list(starts[f].values()), list(ends[f].values())
     table = datasets.Dataset.from_dict
-    tables = postprocess_qa_predictions(table({"id": ["q"], "context": [CONTEXT]}),
+    tables = rank_answers(table({"id": ["q"], "context": [CONTEXT]}),
                                         table({"example_id": ["q", "q"], "offset_mapping": windows}), start, end,
                                         **kwargs)
     assert tables == (preds, nbest, odds)
@@ -165,7 +165,7 @@ def test_no_valid_span_among_the_nbest(v2):
 
 def test_an_example_without_features_gets_an_empty_answer_and_a_warning(caplog):
     examples = {"id": ["q", "lost"], "context": [CONTEXT, CONTEXT]}
-    with caplog.at_level(logging.WARNING, logger="qa.evaluation.postprocess"):
+    with caplog.at_level(logging.WARNING, logger="utils_qa"):
         preds, _, _ = run([window(0, 9)], [{tok(3): 1}], [{tok(3): 1}], examples=examples)
     assert preds == {"q": "three", "lost": ""}
     assert "1 example(s) have no features" in caplog.text and "'lost'" in caplog.text
@@ -183,7 +183,7 @@ def test_inconsistent_inputs_are_rejected():
     features = {"example_id": ["nobody"], "offset_mapping": [window(0, 9)]}
     logits = np.zeros((1, 20), dtype=np.float32)
     examples = {"id": ["q"], "context": [CONTEXT]}
-    for fn in (postprocess_qa_predictions, postprocess_qa_predictions_reference):
+    for fn in (rank_answers, postprocess_qa_predictions_reference):
         with pytest.raises(ValueError, match="belong to no example"):
             fn(examples, features, logits, logits)
         with pytest.raises(ValueError, match="shape"):
@@ -214,12 +214,12 @@ def test_datasets_tables_give_the_same_results():
                                                 version_2_with_negative=True)
     ds_examples = datasets.Dataset.from_dict(examples)
     ds_features = datasets.Dataset.from_dict(features)
-    for fn in (postprocess_qa_predictions, postprocess_qa_predictions_reference):
+    for fn in (rank_answers, postprocess_qa_predictions_reference):
         assert fn(ds_examples, ds_features, start, end, version_2_with_negative=True) == want
     # A reordered table (an indices mapping over the Arrow data) is read in its own order.
     order = [2, 0, 1]
     shuffled = ds_features.select(order)
-    assert postprocess_qa_predictions(ds_examples, shuffled, start[order], end[order],
+    assert rank_answers(ds_examples, shuffled, start[order], end[order],
                                       version_2_with_negative=True)[0] == want[0]
 
 
@@ -242,7 +242,7 @@ def dev_examples():
 
 @pytest.fixture(scope="module")
 def dev_features(dev_examples):
-    from qa.data.features import prepare_validation_features
+    from utils_qa import prepare_validation_features
     from tests.helpers import minilm_tokenizer
 
     tokenizer = minilm_tokenizer()
@@ -275,6 +275,6 @@ def test_vectorised_equals_reference_on_dev_features(dev_examples, dev_features,
     rng = np.random.default_rng(0)
     start, end = LOGITS[logits](rng, (n, seq_len)), LOGITS[logits](rng, (n, seq_len))
     args = (dev_examples, features, start, end)
-    got = postprocess_qa_predictions(*args, version_2_with_negative=v2, **kwargs)
+    got = rank_answers(*args, version_2_with_negative=v2, **kwargs)
     assert got == postprocess_qa_predictions_reference(*args, version_2_with_negative=v2, **kwargs)
     assert any(p != "" for p in got[0].values())

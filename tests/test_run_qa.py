@@ -89,7 +89,7 @@ def test_the_trained_model_answers_as_do_predict_does_and_has_a_model_card(train
     run evaluated, some of them over several windows; README.md says how to ask it."""
     from answer_qa import Answerer
     from qa.data.sources import read_squad
-    from qa.data.features import prepare_validation_features
+    from utils_qa import postprocess_qa_predictions, prepare_validation_features
     from tests.test_answer import same_as_predict
 
     _, out, env, _ = trained
@@ -102,6 +102,12 @@ def test_the_trained_model_answers_as_do_predict_does_and_has_a_model_card(train
     windows = prepare_validation_features(columns, answerer.tokenizer, 128, 32, 32, with_labels=False)
     assert len(windows["input_ids"]) > len(columns["id"])  # some contexts span several windows
     same_as_predict(answerer.answer_file(questions, top_k=3), predicted, dict(zip(columns["id"], columns["context"])))
+    # The Hugging Face example's calling convention, on this tokenizer's windows, gives --do_predict's answers.
+    args = answerer.data_args
+    answers = postprocess_qa_predictions(
+        columns, windows, answerer._logits(windows), version_2_with_negative=False, n_best_size=args.n_best_size,
+        max_answer_length=args.max_answer_length, null_score_diff_threshold=args.null_score_diff_threshold)
+    assert answers == json.loads((predicted / "predict_predictions.json").read_text())
     card = (out / "README.md").read_text()
     assert "base_model: sentence-transformers/all-MiniLM-L6-v2" in card
     assert f"F1 {results(out)['eval_f1']:.2f} / EM {results(out)['eval_exact_match']:.2f} on 300 questions" in card
@@ -372,9 +378,9 @@ def test_one_error_type_for_every_command(capsys):
 
     import run_qa
     from qa import arguments
-    from qa.evaluation import metric
+    import utils_qa
 
-    mains = [run_qa.main, metric.main, arguments.main]
+    mains = [run_qa.main, utils_qa.main, arguments.main]
     for tool in ("prefetch", "scaling_report", "scaling_predict", "plot_tb"):
         spec = importlib.util.spec_from_file_location(tool, REPO / "tools" / f"{tool}.py")
         module = importlib.util.module_from_spec(spec)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qa.errors import InputError
-from qa.data.features import CLS_INDEX, check_tokenizer, prepare_train_features, prepare_validation_features
+from utils_qa import CLS_INDEX, check_tokenizer, prepare_train_features, prepare_validation_features
 from tests.helpers import DEV_SET, dev_set_columns, go_offline, minilm_tokenizer
 from tests.helpers import losses as logged_losses
 
@@ -108,7 +108,7 @@ def _oracle_predictions(tok, ex, padded, version_2):
     """Post-processed predictions from logits that peak where each feature's labels point, in
     the batches and at the widths the model's outputs would have (gathered across batches and
     padded with -100, as the Trainer does)."""
-    from qa.evaluation.postprocess import postprocess_qa_predictions
+    from utils_qa import rank_answers
 
     f = prepare_validation_features(ex, tok, **WINDOW, pad_to_max_length=padded)
     width = WINDOW["max_seq_length"]
@@ -122,7 +122,7 @@ def _oracle_predictions(tok, ex, padded, version_2):
         e_logits[rows, batch["end_positions"].numpy()] = 10.0
         start[first:first + b, :w], end[first:first + b, :w] = s_logits, e_logits
     feats = {"example_id": f["example_id"], "offset_mapping": f["offset_mapping"]}
-    predictions, _, _ = postprocess_qa_predictions(ex, feats, start, end, version_2_with_negative=version_2)
+    predictions, _, _ = rank_answers(ex, feats, start, end, version_2_with_negative=version_2)
     return predictions
 
 

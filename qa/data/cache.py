@@ -1,7 +1,8 @@
 """Tokenized features, cached on disk and shared across runs and ranks.
 
 The key hashes all the features depend on: the examples themselves, the tokenizer's full definition,
-the function, its parameters and the code of qa/data/features.py. Per node, local rank 0 tokenizes
+the function, its parameters and its code with that of every project function it calls (code_digest),
+so that an edit beside it (the post-processing in utils_qa.py) keeps the entries. Per node, local rank 0 tokenizes
 while the other ranks wait.
 
 An entry is a pointer file, NAME.json, naming a folder NAME.v-TOKEN and the size and hash of each of
@@ -27,7 +28,6 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from qa.data import features as features_module
 from qa.errors import InputError
 from qa.io import atomic_write_json, read_json
 from qa.manifest import check_files, record_files
@@ -74,9 +74,32 @@ def _tokenizer_digest(tokenizer) -> str:
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 
+def code_digest(fn) -> str:
+    """Hash of the source of `fn` and of every project function and plain constant it names, transitively."""
+    digest, seen, todo = hashlib.sha256(), set(), [fn]
+    while todo:
+        fn = todo.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        digest.update(f"{fn.__module__}.{fn.__qualname__}\n{inspect.getsource(fn)}".encode())
+        for name in sorted(_names(fn.__code__)):
+            value = fn.__globals__.get(name)
+            if inspect.isfunction(value) and value.__module__.split(".")[0] in ("qa", "utils_qa"):
+                todo.append(value)
+            elif isinstance(value, (bool, int, float, str, bytes, tuple)):
+                digest.update(f"{name}={value!r}\n".encode())
+    return digest.hexdigest()
+
+
+def _names(code) -> set:
+    """The global names a code object and the code nested in it (comprehensions, lambdas) load."""
+    return set(code.co_names).union(*(_names(c) for c in code.co_consts if inspect.iscode(c)))
+
+
 def features_key(examples, tokenizer, fn, params: dict) -> str:
     parts = {"examples": table_digest(examples), "tokenizer": _tokenizer_digest(tokenizer), "function": fn.__name__,
-             "code": hashlib.sha256(inspect.getsource(features_module).encode()).hexdigest(), "params": params}
+             "code": code_digest(fn), "params": params}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 

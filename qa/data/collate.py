@@ -27,7 +27,7 @@ class BucketPaddingCollator:
     """Pads each batch to the smallest bucket that holds its longest feature: `length_buckets` if given,
     else the multiples of `pad_to_multiple_of`, never beyond `max_seq_length` (unless a feature is).
     Token columns are padded on the right whatever the tokenizer's side (labels and offsets count
-    tokens from the left, as in qa/data/features.py); scalar columns are stacked; the rest is dropped.
+    tokens from the left, as in utils_qa.py); scalar columns are stacked; the rest is dropped.
     """
 
     def __init__(self, tokenizer, max_seq_length: int, pad_to_multiple_of: int = 8, length_buckets=None):
