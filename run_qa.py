@@ -9,6 +9,7 @@ Arguments: `python run_qa.py --help` and qa/arguments.py. What a run writes into
 "What a run records".
 """
 import logging
+import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -18,14 +19,14 @@ import psutil
 import torch
 from transformers import default_data_collator, set_seed
 
-from qa.arguments import eval_out_of_memory, finalize, out_of_memory, parse_args
-from qa.console import configure_logging
+from qa.arguments import parse_args, split_global_batch
+from qa.console import configure_logging, configure_output
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
 from utils_qa import check_tokenizer, prepare_train_features, prepare_validation_features
 from qa.data.sources import load_raw_datasets
 from qa.distributed import close_process_group, on_main_rank
-from qa.errors import InputError, command
+from qa.errors import EXIT_OUT_OF_MEMORY, InputError, command
 from utils_qa import PostProcessing
 from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
@@ -70,11 +71,6 @@ def run(argv, callbacks=()):
     settle_tf32()  # as TrainingArguments left it, readable by both of torch's APIs (inductor reads the older)
     splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
                               ("test", training_args.do_predict)) if on]
-    if not splits:
-        raise InputError("arguments", "nothing to do", "pass --do_train, --do_eval and/or --do_predict")
-    if run_args.eval_every is not None and training_args.do_train and not training_args.do_eval:
-        raise InputError(f"eval_every={run_args.eval_every:g}", "evaluates during training, on the validation "
-                         "split", "pass --do_eval with it, or leave --eval_every out")
 
     # One run per output folder: rank 0 takes its lock before anything is written there, every rank learns whether
     # it got it. A folder the lock created is removed again if the run stops on bad input below (nothing written).
@@ -107,6 +103,27 @@ def run(argv, callbacks=()):
                                    checkpoint, cache_root, record, callbacks)
     finally:
         lock.release()
+
+
+def finalize(training_args, run_args, explicit: set) -> None:
+    """The run's defaults unlike transformers': TensorBoard into output_dir, progress bars on a terminal only, no DDP
+    search for unused parameters (BERT-QA uses all), --global_batch split over the world (the process group is up)."""
+    if "report_to" not in explicit:
+        training_args.report_to = ["tensorboard"]
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(training_args.output_dir, "runs"))
+    configure_output(training_args, explicit)
+    if "ddp_find_unused_parameters" not in explicit and not training_args.fsdp:
+        training_args.ddp_find_unused_parameters = False
+    world, configured = training_args.world_size, training_args.per_device_train_batch_size
+    if run_args.global_batch is not None:
+        batch, accumulation = split_global_batch(run_args.global_batch, world, configured)
+        logger.info("global_batch %d over %d processes: per-device batch %d (configured %d) x gradient accumulation "
+                    "%d", run_args.global_batch, world, batch, configured, accumulation)
+        training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch, accumulation
+    batch, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+    logger.info("global batch %d = per-device %d x world size %d x gradient accumulation %d; learning rate %s (not "
+                "scaled with the batch)", batch * world * accumulation, batch, world, accumulation,
+                training_args.learning_rate)
 
 
 def trained_here(checkpoint, training_args) -> bool:
@@ -206,6 +223,31 @@ def _evaluate(trainer, features, examples, training_args, main):
         _, metrics = trainer.predict(features["test"], examples["test"])
         if main:
             save_split_metrics(out, "predict", metrics)
+
+
+def out_of_memory(training_args, error) -> InputError:
+    """Running out of memory in a training step: the fix keeps the global batch, so that the run can resume."""
+    batch = training_args.per_device_train_batch_size
+    global_batch = batch * training_args.gradient_accumulation_steps * training_args.world_size
+    fix = (f"pass a smaller --per_device_train_batch_size (e.g. {batch // 2}) with --global_batch {global_batch}: the "
+           "same global batch, gradient accumulation making up the rest; the run resumes from its last checkpoint"
+           if batch > 1 else "lower --max_seq_length, or use a device with more memory")
+    return InputError(f"per_device_train_batch_size={batch}", f"the device ran out of memory in a training step "
+                      f"({_said(error)})", fix, exit_code=EXIT_OUT_OF_MEMORY)
+
+
+def eval_out_of_memory(training_args, error, then: str) -> InputError:
+    """Running out of memory in an evaluation or prediction: a smaller evaluation batch changes no result;
+    `then`: what the rerun with it does (resumes the training, or evaluates the model trained)."""
+    batch = training_args.per_device_eval_batch_size
+    fix = (f"pass a smaller --per_device_eval_batch_size (e.g. {batch // 2}, or {max(batch // 4, 1)}); {then}"
+           if batch > 1 else "lower --max_seq_length, or use a device with more memory")
+    return InputError(f"per_device_eval_batch_size={batch}", f"the device ran out of memory in an evaluation "
+                      f"({_said(error)})", fix, exit_code=EXIT_OUT_OF_MEMORY)
+
+
+def _said(error) -> str:
+    return (str(error).strip().splitlines() or ["OutOfMemoryError"])[0][:160]
 
 
 @command

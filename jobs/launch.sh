@@ -5,8 +5,8 @@
 # one node, one process) or `granted` (job_ddp.sh: every node of the job, NPROC_PER_NODE or the
 # GPUs granted processes on each). Both then take the same path, so a 1-GPU job is the world-size-1
 # case of a multi-GPU one:
-#   1. checks that need no Python, so bad input fails within a second: ENV_FILE, OFFLINE, the config,
-#      the SLURM job, the shape, GLOBAL_BATCH, STRATEGY;
+#   1. checks that need no library, so bad input fails within a second: ENV_FILE, OFFLINE, the config,
+#      the SLURM job, the shape, GLOBAL_BATCH (by run_qa.py's rule), STRATEGY;
 #   2. the folder run_qa.py will write into (job_time.jsonl goes there too), read from the config
 #      and the arguments by `python -m qa.arguments output_dir` (the standard library only: nothing
 #      imports transformers before srun). Batch arithmetic and defaults are run_qa.py's own:
@@ -136,13 +136,14 @@ jl_output_place() {
   fi
 }
 
-# Before any Python: GLOBAL_BATCH must be a positive multiple of the world size. run_qa.py gets it
-# as --global_batch (last, so it wins) and splits it into per-device batch x gradient accumulation.
+# Before srun: GLOBAL_BATCH must be a positive integer that divides over the world size, by run_qa.py's
+# own rule (qa/arguments.py). It gets it as --global_batch (last, so it wins) and splits it into
+# per-device batch x gradient accumulation.
 jl_global_batch() {
   [[ -z ${GLOBAL_BATCH:-} ]] && return 0
   [[ $GLOBAL_BATCH =~ ^[1-9][0-9]*$ ]] || jl_die "GLOBAL_BATCH=$GLOBAL_BATCH is not a positive integer"
-  ((GLOBAL_BATCH % $1 == 0)) ||
-    jl_die "GLOBAL_BATCH=$GLOBAL_BATCH does not divide over $1 processes: pick a multiple of $1"
+  PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" python -m qa.arguments global_batch "$GLOBAL_BATCH" "$1" ||
+    exit  # it printed the one-line error
   RUN_QA_ARGS+=(--global_batch "$GLOBAL_BATCH")
 }
 

@@ -12,7 +12,7 @@ from functools import partial
 
 from qa.data.files import check_data_file
 from qa.data.sources import parse_slice
-from qa.errors import EXIT_OUT_OF_MEMORY, InputError, command
+from qa.errors import InputError, command
 from qa.io import read_json
 from qa.model import check_model_source
 
@@ -30,8 +30,8 @@ def _plain(value) -> str:
 
 @dataclass(frozen=True)
 class Number:
-    """From `low` to `high` but the `open` end; `also`: allowed besides; `needs`: the setting it means nothing
-    without; `steps_of`: a fraction of these below 1, whole steps above (transformers would cut a fraction)."""
+    """From `low` to `high` but the `open` end; `also`: allowed besides; `steps_of`: a fraction of these below 1,
+    whole steps above (transformers would cut a fraction)."""
     means: str
     fix: str
     low: float = -math.inf
@@ -40,7 +40,6 @@ class Number:
     optional: bool = False
     open: str = ""
     also: tuple = ()
-    needs: str | None = None
     steps_of: str = ""
 
     def describe(self) -> str:
@@ -64,9 +63,6 @@ class Number:
             and (value < self.high if self.open == "high" else value <= self.high)
         if not ok and value not in self.also:
             raise InputError(f"{name}={_plain(value)}", f"must be {self.describe()} ({self.means})", self.fix)
-        if self.needs and values.get(self.needs) is None:
-            raise InputError(f"{name}={_plain(value)}", f"means nothing without --{self.needs} ({self.means})",
-                             f"give --{self.needs} too, or leave {name} out")
 
 
 count = partial(Number, low=1, whole=True)
@@ -126,12 +122,9 @@ def _steps_window(name, value, values) -> None:
                          "steps; the window opens at the end of step START)", "give e.g. '10:50'")
 
 
-def _buckets(name, value, values) -> None:
-    longest = values.get("max_seq_length") or math.inf
+def _buckets(name, value, values) -> None:  # and at most max_seq_length: check_together
     for bucket in value or ():
-        if not 1 <= bucket <= longest:
-            raise InputError(f"length_buckets={list(value)}", f"bucket {bucket} is outside 1..max_seq_length="
-                             f"{longest}", f"give lengths from 1 to {longest}, or raise --max_seq_length")
+        count("a length dynamic padding rounds up to", "give lengths from 1 to max_seq_length")(name, bucket, values)
 
 
 def arg(default=None, check=None, help=None, choices=None):
@@ -197,13 +190,13 @@ class RunArguments:
                                                  "give e.g. 312 for an A100 in bf16", low=0, open="low", optional=True))
     telemetry_window: str | None = arg(None, _steps_window, "'START:STOP': optimizer steps timed apart.")
     telemetry_window_min_s: float | None = arg(None, Number("the timed window's least seconds", "give e.g. 20", low=0,
-                                                            open="low", optional=True, needs="telemetry_window"))
+                                                            open="low", optional=True))
     eval_every: float | None = arg(None, steps("how often to evaluate during training (time_to_accuracy.json)",
                                                "use e.g. 0.25 or 200", optional=True, steps_of="an epoch"))
     eval_every_questions: int | None = arg(None, count("validation questions of each evaluation during training",
-                                                       "use e.g. 1000", optional=True, needs="eval_every"))
+                                                       "use e.g. 1000", optional=True))
     target_f1: float | None = arg(None, Number("the F1 whose training time to reach is reported", "give e.g. 88.5",
-                                               low=0, high=100, open="low", optional=True, needs="eval_every"))
+                                               low=0, high=100, open="low", optional=True))
     compile_warmup: bool = arg(False, help="With --torch_compile: run every batch shape once before training.")
     profile: bool = arg(False, help="Profile a few training steps (rank 0) into output_dir/profile/.")
     profile_wait: int = arg(1, count("steps skipped before each profiling cycle", "use 0 or more, e.g. 1", low=0))
@@ -262,13 +255,43 @@ RULES = {f.name: f.metadata["check"] for group in (ModelArguments, DataArguments
          for f in fields(group) if "check" in f.metadata} | TRAINING_RULES
 
 
-def check_settings(values: dict) -> None:
-    """InputError on the first of `values` (name -> parsed value) that breaks its rule, then on a window too small."""
-    for name, rule in RULES.items():  # max_seq_length comes before length_buckets, which needs it
+def check_settings(values: dict) -> list:
+    """InputError on the first of `values` (name -> parsed value) that breaks its rule, then on settings that do not
+    go together; -> a note for each setting the others leave idle."""
+    for name, rule in RULES.items():
         if name in values:
             rule(name, values[name], values)
+    return check_together(values)
+
+
+# The rules between settings, all here (the job scripts ask split_global_batch through main below).
+NEEDS = {"telemetry_window_min_s": "telemetry_window", "eval_every_questions": "eval_every", "target_f1": "eval_every"}
+IDLE_WITHOUT = {"compile_warmup": ("torch_compile", "the run does not compile: nothing to warm up"),
+                "fsdp_reduce_dtype": ("fsdp", "the run does not shard with FSDP")}
+
+
+def check_together(values: dict) -> list:
+    """InputError on a setting that means nothing without another, or does not fit it; -> notes on the idle ones."""
+    for name, needed in NEEDS.items():
+        if values.get(name) is not None and values.get(needed) is None:
+            raise InputError(f"{name}={_plain(values[name])}", f"means nothing without --{needed} "
+                             f"({RULES[name].means})", f"give --{needed} too, or leave {name} out")
+    longest = values.get("max_seq_length") or math.inf
+    outside = [bucket for bucket in values.get("length_buckets") or () if not 1 <= bucket <= longest]
+    if outside:
+        raise InputError(f"length_buckets={list(values['length_buckets'])}", f"bucket {outside[0]} is outside "
+                         f"1..max_seq_length={longest}", f"give lengths from 1 to {longest}, or raise --max_seq_length")
     if all(k in values for k in ("max_seq_length", "doc_stride", "max_query_length")):
         check_window(values["max_seq_length"], values["doc_stride"], values["max_query_length"])
+    if "do_train" in values:  # a whole run's settings; TrainingArguments evaluates when given an eval_strategy
+        evaluates = values["do_eval"] or values.get("eval_strategy") not in (None, "no")
+        if not (values["do_train"] or evaluates or values["do_predict"]):
+            raise InputError("arguments", "nothing to do", "pass --do_train, --do_eval and/or --do_predict")
+        if values.get("eval_every") is not None and values["do_train"] and not evaluates:
+            raise InputError(f"eval_every={values['eval_every']:g}", "evaluates during training, on the validation "
+                             "split", "pass --do_eval with it, or leave --eval_every out")
+    return [f"--{name} {values[name]}: {why} (--{needed} is off)" for name, (needed, why) in IDLE_WITHOUT.items()
+            if values.get(name) not in (None, False, "auto") and not values.get(needed)]
 
 
 def check_window(max_seq_length: int, doc_stride: int, max_query_length: int, special_tokens=PAIR_SPECIAL_TOKENS):
@@ -322,11 +345,16 @@ def output_dir(flags) -> str:
 
 @command
 def main(argv=None) -> int:
-    """`python -m qa.arguments output_dir CONFIG [ARGS...]`: prints the run's output folder (jobs/launch.sh)."""
+    """For jobs/launch.sh: `python -m qa.arguments output_dir CONFIG [ARGS...]` prints the run's output folder;
+    `global_batch N WORLD` checks that N divides over the world (nothing printed)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] != "output_dir":
-        raise InputError("qa.arguments", f"unknown request {argv[:1]}", "ask for `output_dir CONFIG [ARGS...]`")
-    print(output_dir(expand(argv[1:])[1]))
+    if argv[:1] == ["global_batch"] and len(argv) == 3 and all(a.isdigit() for a in argv[1:]):
+        split_global_batch(int(argv[1]), int(argv[2]), int(argv[1]))
+    elif argv[:1] == ["output_dir"]:
+        print(output_dir(expand(argv[1:])[1]))
+    else:
+        raise InputError("qa.arguments", f"unknown request {argv[:1]}",
+                         "ask for `output_dir CONFIG [ARGS...]` or `global_batch N WORLD`")
     return 0
 
 
@@ -340,6 +368,8 @@ def parse_args(argv):
     Every value is checked before the dataclasses are built; bf16/TF32 follow the device (device_precision)."""
     import torch  # here, like transformers: the job scripts import this module for output_dir alone
     from transformers import HfArgumentParser, TrainingArguments
+
+    from qa.training.flops import device_precision, training_device
 
     class Parser(HfArgumentParser):
         def error(self, message):  # argparse's usage block and exit: the one-line error instead
@@ -361,14 +391,9 @@ def parse_args(argv):
     if unknown:
         raise unknown_arguments(source, unknown, parser._option_string_actions)
     values = vars(namespace)
-    check_settings(values)
-    # The device the Trainer (accelerate) will train on: the CPU with --use_cpu or without any accelerator
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6; CUDA, MPS, XPU, ...
-    on_cpu = values.get("use_cpu") or not (accelerator.is_available() if accelerator else torch.cuda.is_available())
-    asked = values.get("bf16") or values.get("tf32") or values.get("fp16")
-    on_gpu = asked and not on_cpu and torch.cuda.is_available()
-    local_gpu = int(os.environ.get("LOCAL_RANK") or 0) % max(torch.cuda.device_count(), 1)
-    capability = torch.cuda.get_device_capability(local_gpu) if on_gpu else None
+    for idle in check_settings(values):
+        logger.warning("%s", idle)
+    capability, on_cpu = training_device(values)
     changes, note = device_precision(capability, values.get("bf16"), values.get("tf32"), values.get("fp16"), on_cpu)
     values.update(changes)
     try:
@@ -379,27 +404,6 @@ def parse_args(argv):
         logger.warning("%s", note)
         built[2].adjusted.append(note)  # into environment.json and results.md
     return (*built, explicit)
-
-
-def device_precision(capability, bf16: bool, tf32, fp16: bool = False, on_cpu: bool | None = None) -> tuple:
-    """-> (settings to change, the line saying so, or None) on a GPU of compute `capability` (None: the CPU). Below 8.0
-    no bf16 tensor cores (fp16 uses them) and no TF32, nor on a CPU; bf16 on a CPU stays: autocast runs it natively.
-    fp16 on a CPU is refused: accelerate runs no fp16 autocast there, so the run would train in fp32 as if in fp16."""
-    on_cpu = capability is None if on_cpu is None else on_cpu
-    if fp16 and on_cpu:
-        raise InputError("fp16=true", "the CPU cannot train in fp16 (no fp16 autocast there: the run would train "
-                         "in fp32 while its records said fp16)", "pass --bf16 true (the CPU runs bf16) instead, or "
-                         "leave --fp16 out to train in fp32")
-    native = capability is not None and tuple(capability) >= (8, 0)
-    changes, instead = {}, {}  # what the device lacks -> what the run does instead
-    if bf16 and not native and capability is not None:
-        changes.update(bf16=False, fp16=True)
-        instead["native bf16"] = "training in fp16 with loss scaling instead of bf16"
-    if tf32 and not native:
-        changes["tf32"] = False
-        instead["TF32"] = "tf32 off"
-    device = "the CPU" if capability is None else f"this GPU (compute capability {capability[0]}.{capability[1]})"
-    return changes, (f"{device} has no {' and no '.join(instead)}: {', '.join(instead.values())}" if instead else None)
 
 
 def unknown_arguments(source: str, unknown: list, options) -> InputError:
@@ -413,29 +417,6 @@ def unknown_arguments(source: str, unknown: list, options) -> InputError:
     return InputError(source, f"unknown arguments {shown}", fix + HELP)
 
 
-def finalize(training_args, run_args, explicit: set) -> None:
-    """The run's defaults unlike transformers': TensorBoard into output_dir, progress bars on a terminal only, no DDP
-    search for unused parameters (BERT-QA uses all), --global_batch split over the world (the process group is up)."""
-    from qa.console import configure_output  # here: it imports transformers
-
-    if "report_to" not in explicit:
-        training_args.report_to = ["tensorboard"]
-    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(training_args.output_dir, "runs"))
-    configure_output(training_args, explicit)
-    if "ddp_find_unused_parameters" not in explicit and not training_args.fsdp:
-        training_args.ddp_find_unused_parameters = False
-    world, configured = training_args.world_size, training_args.per_device_train_batch_size
-    if run_args.global_batch is not None:
-        batch, accumulation = split_global_batch(run_args.global_batch, world, configured)
-        logger.info("global_batch %d over %d processes: per-device batch %d (configured %d) x gradient accumulation "
-                    "%d", run_args.global_batch, world, batch, configured, accumulation)
-        training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch, accumulation
-    batch, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
-    logger.info("global batch %d = per-device %d x world size %d x gradient accumulation %d; learning rate %s (not "
-                "scaled with the batch)", batch * world * accumulation, batch, world, accumulation,
-                training_args.learning_rate)
-
-
 def split_global_batch(global_batch: int, world: int, per_device_max: int) -> tuple:
     """-> (per-device batch, gradient accumulation): the fewest accumulation steps whose batch fits `per_device_max`."""
     if global_batch % world:
@@ -445,31 +426,6 @@ def split_global_batch(global_batch: int, world: int, per_device_max: int) -> tu
     per_rank = global_batch // world
     accumulation = next(a for a in range(1, per_rank + 1) if per_rank % a == 0 and per_rank // a <= per_device_max)
     return per_rank // accumulation, accumulation
-
-
-def out_of_memory(training_args, error) -> InputError:
-    """Running out of memory in a training step: the fix keeps the global batch, so that the run can resume."""
-    batch = training_args.per_device_train_batch_size
-    global_batch = batch * training_args.gradient_accumulation_steps * training_args.world_size
-    fix = (f"pass a smaller --per_device_train_batch_size (e.g. {batch // 2}) with --global_batch {global_batch}: the "
-           "same global batch, gradient accumulation making up the rest; the run resumes from its last checkpoint"
-           if batch > 1 else "lower --max_seq_length, or use a device with more memory")
-    return InputError(f"per_device_train_batch_size={batch}", f"the device ran out of memory in a training step "
-                      f"({_said(error)})", fix, exit_code=EXIT_OUT_OF_MEMORY)
-
-
-def eval_out_of_memory(training_args, error, then: str) -> InputError:
-    """Running out of memory in an evaluation or prediction: a smaller evaluation batch changes no result;
-    `then`: what the rerun with it does (resumes the training, or evaluates the model trained)."""
-    batch = training_args.per_device_eval_batch_size
-    fix = (f"pass a smaller --per_device_eval_batch_size (e.g. {batch // 2}, or {max(batch // 4, 1)}); {then}"
-           if batch > 1 else "lower --max_seq_length, or use a device with more memory")
-    return InputError(f"per_device_eval_batch_size={batch}", f"the device ran out of memory in an evaluation "
-                      f"({_said(error)})", fix, exit_code=EXIT_OUT_OF_MEMORY)
-
-
-def _said(error) -> str:
-    return (str(error).strip().splitlines() or ["OutOfMemoryError"])[0][:160]
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def test_compile_settings_reach_accelerate(monkeypatch):
 ], ids=["T4", "V100 fp32", "A100", "H100", "CPU"])
 def test_precision_follows_the_device(capability, bf16, changes, note):
     """configs/fast.json asks for bf16 and TF32: what each device gets instead, and the line saying so."""
-    from qa.arguments import device_precision
+    from qa.training.flops import device_precision
     from qa.errors import InputError
 
     assert device_precision(capability, bf16, True) == (changes, note)

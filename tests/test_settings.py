@@ -247,3 +247,21 @@ def test_fp16_on_the_cpu_is_refused(tmp_path):
     assert lines[-1].startswith("error: fp16=true: the CPU cannot train in fp16") and len(lines[-1]) < 300
     assert "Fix: pass --bf16 true (the CPU runs bf16) instead, or leave --fp16 out" in lines[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_rules_between_settings_are_one_function():
+    """check_together: refused when a setting means nothing without another, a note when the run leaves it idle."""
+    from qa.arguments import check_together
+
+    run = {"do_train": True, "do_eval": False, "do_predict": False, "eval_strategy": "no"}
+    for values, culprit in (({"target_f1": 88.5}, "target_f1=88.5: means nothing without --eval_every"),
+                            ({"eval_every_questions": 100}, "eval_every_questions=100: means nothing without"),
+                            ({**run, "do_train": False}, "arguments: nothing to do"),
+                            ({**run, "eval_every": 0.25}, "eval_every=0.25: evaluates during training")):
+        with pytest.raises(InputError, match=f"^{culprit}"):
+            check_together(values)
+    assert check_together({**run, "eval_every": 0.25, "eval_strategy": "epoch"}) == []  # evaluates: do_eval follows
+    assert check_together({**run, "compile_warmup": True, "torch_compile": False, "fsdp_reduce_dtype": "bf16"}) == [
+        "--compile_warmup True: the run does not compile: nothing to warm up (--torch_compile is off)",
+        "--fsdp_reduce_dtype bf16: the run does not shard with FSDP (--fsdp is off)"]
+    assert check_together({**run, "compile_warmup": True, "torch_compile": True, "fsdp_reduce_dtype": "auto"}) == []

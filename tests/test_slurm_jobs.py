@@ -291,7 +291,7 @@ def test_output_dir_read_without_transformers_is_the_runs(tmp_path, monkeypatch,
     argv = argv or ["--model_name_or_path", "bundled:tiny-bert"]
     expected = os.path.expanduser(expect)
     assert output_dir(expand(argv)[1]) == expected
-    assert parse_args(argv)[3].output_dir == expected
+    assert parse_args([*argv, "--do_eval"])[3].output_dir == expected
 
 
 def test_output_dir_command_imports_no_library(tmp_path):
@@ -360,15 +360,16 @@ def test_global_batch_must_divide():
 def test_run_resolves_global_batch_and_its_defaults(caplog, tmp_path, monkeypatch):
     """What the launcher did in the shell is the run's own: --global_batch split at start (logged on
     the main process with the learning rate), and DDP's search for unused parameters off unless given."""
-    from qa.arguments import finalize, parse_args
+    from qa.arguments import parse_args
+    from run_qa import finalize
 
     # finalize points TensorBoard at the output folder through the environment, which the jobs
     # submitted later in this process would inherit
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
-    base = ["--model_name_or_path", "bundled:tiny-bert", "--use_cpu", "true", "--report_to", "none",
+    base = ["--model_name_or_path", "bundled:tiny-bert", "--do_train", "--use_cpu", "true", "--report_to", "none",
             "--per_device_train_batch_size", "12", "--learning_rate", "3e-5", "--output_dir", str(tmp_path / "out")]
     _, _, run_args, training_args, explicit = parse_args(base + ["--global_batch", "96"])
-    with caplog.at_level("INFO", logger="qa.arguments"):
+    with caplog.at_level("INFO", logger="run_qa"):
         finalize(training_args, run_args, explicit)
     assert (training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps) == (12, 8)
     assert training_args.ddp_find_unused_parameters is False
@@ -385,21 +386,24 @@ def test_run_resolves_global_batch_and_its_defaults(caplog, tmp_path, monkeypatc
 
 def _launcher(script, **variables):
     exports = "".join(f"{k}={v} " for k, v in variables.items())
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # the project's python, as ENV_FILE gives the jobs
     return subprocess.run(["bash", "-c", f"source {LAUNCHER}; JL_NAME=t; RUN_QA_ARGS=(--seed 1); {exports}{script}"],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30, env=dict(os.environ, PATH=path))
 
 
 def test_launcher_passes_global_batch_after_checking_it():
-    """Before any Python: a positive integer, a multiple of the world size; then the run gets it."""
+    """Before srun: a positive integer, a multiple of the world size by run_qa.py's rule; then the run gets it."""
     r = _launcher('jl_global_batch 2; printf "%s\\n" "${RUN_QA_ARGS[@]}"', GLOBAL_BATCH=48)
     assert r.returncode == 0 and r.stdout.splitlines() == ["--seed", "1", "--global_batch", "48"], r
     r = _launcher('jl_global_batch 2; printf "%s\\n" "${RUN_QA_ARGS[@]}"')
     assert r.returncode == 0 and r.stdout.splitlines() == ["--seed", "1"], r
-    for value, message in (("5", "GLOBAL_BATCH=5 does not divide over 2 processes: pick a multiple of 2"),
-                           ("0", "GLOBAL_BATCH=0 is not a positive integer"),
+    for value, message in (("0", "GLOBAL_BATCH=0 is not a positive integer"),
                            ("4x", "GLOBAL_BATCH=4x is not a positive integer")):
         r = _launcher("jl_global_batch 2", GLOBAL_BATCH=value)
         assert r.returncode == 1 and r.stderr == f"t: error: {message}\n", r
+    r = _launcher("jl_global_batch 2", GLOBAL_BATCH=5)
+    assert r.returncode == 2 and r.stderr == ("error: global_batch=5: does not divide over the 2 processes of this "
+                                              "run. Fix: pick a multiple of 2 (e.g. 4 or 6)\n"), r
 
 
 @pytest.mark.parametrize("line, outcome, code", [

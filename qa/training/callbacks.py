@@ -1,6 +1,5 @@
 """The callbacks a run adds to the Trainer, built from its settings (qa.arguments.RunArguments) and
 installed in one place. Each keeps its own clock; the one order that matters is said where it is."""
-import logging
 import os
 
 from qa.console import log_lines_callback, replace_log_printer
@@ -10,8 +9,6 @@ from qa.training.compile import CompileWarmupCallback
 from qa.training.preemption import CheckpointOnSignalCallback
 from qa.training.profiling import ProfilerCallback
 from qa.training.telemetry import TelemetryCallback
-
-logger = logging.getLogger(__name__)
 
 
 def run_callbacks(run_args, training_args) -> dict:
@@ -31,10 +28,8 @@ def run_callbacks(run_args, training_args) -> dict:
                                            repeat=run_args.profile_repeat, with_stack=run_args.profile_with_stack)
     if run_args.checkpoint_on_sigterm:
         out["preemption"] = CheckpointOnSignalCallback(run_args.preemption_check_steps)
-    if run_args.compile_warmup and getattr(training_args, "torch_compile", False):
+    if run_args.compile_warmup and training_args.torch_compile:  # else idle, said by qa.arguments.check_together
         out["compile_warmup"] = CompileWarmupCallback()
-    elif run_args.compile_warmup:
-        logger.warning("--compile_warmup: the run does not compile (--torch_compile false): nothing to warm up")
     if run_args.ddp_comm_hook != "none":
         out["ddp_comm_hook"] = DDPCompressionHook(run_args.ddp_comm_hook)
     return out
@@ -45,9 +40,7 @@ def install(trainer, callbacks, run_args) -> None:
     the console's log printer replaces the Trainer's unless --log_lines false; FSDP's reduction
     dtype is set before train() wraps the model."""
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
-    if run_args.fsdp_reduce_dtype != "auto" and plugin is None:
-        logger.warning("--fsdp_reduce_dtype %s: the run does not shard with FSDP", run_args.fsdp_reduce_dtype)
-    elif run_args.fsdp_reduce_dtype != "auto":
+    if run_args.fsdp_reduce_dtype != "auto" and plugin is not None:  # else idle, said by check_together
         set_fsdp_reduce_dtype(plugin, run_args.fsdp_reduce_dtype)
     if run_args.log_lines:
         replace_log_printer(trainer, log_lines_callback(trainer.args))

@@ -1,6 +1,9 @@
 """What training a model costs and what a device can do: model FLOPs (real tokens only), the
 model's shape, the devices' dense peaks by matmul precision, and MFU (model FLOP/s over the peak)."""
+import os
 import re
+
+from qa.errors import InputError
 
 
 def model_shape(model) -> dict:
@@ -89,6 +92,40 @@ def settle_tf32() -> bool:
     torch.backends.cuda.matmul.allow_tf32 = enable
     torch.backends.cudnn.allow_tf32 = enable
     return enable
+
+
+def training_device(values: dict) -> tuple:
+    """(compute capability of this rank's GPU, None on a CPU or when no precision is asked; whether it trains on
+    the CPU) for the run's parsed settings: the CPU with --use_cpu or without any accelerator, as accelerate picks."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6; CUDA, MPS, XPU, ...
+    on_cpu = values.get("use_cpu") or not (accelerator.is_available() if accelerator else torch.cuda.is_available())
+    asked = values.get("bf16") or values.get("tf32") or values.get("fp16")
+    if not asked or on_cpu or not torch.cuda.is_available():
+        return None, bool(on_cpu)
+    return torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK") or 0) % torch.cuda.device_count()), False
+
+
+def device_precision(capability, bf16: bool, tf32, fp16: bool = False, on_cpu: bool | None = None) -> tuple:
+    """-> (settings to change, the line saying so, or None) on a GPU of compute `capability` (None: the CPU). Below 8.0
+    no bf16 tensor cores (fp16 uses them) and no TF32, nor on a CPU; bf16 on a CPU stays: autocast runs it natively.
+    fp16 on a CPU is refused: accelerate runs no fp16 autocast there, so the run would train in fp32 as if in fp16."""
+    on_cpu = capability is None if on_cpu is None else on_cpu
+    if fp16 and on_cpu:
+        raise InputError("fp16=true", "the CPU cannot train in fp16 (no fp16 autocast there: the run would train "
+                         "in fp32 while its records said fp16)", "pass --bf16 true (the CPU runs bf16) instead, or "
+                         "leave --fp16 out to train in fp32")
+    native = capability is not None and tuple(capability) >= (8, 0)
+    changes, instead = {}, {}  # what the device lacks -> what the run does instead
+    if bf16 and not native and capability is not None:
+        changes.update(bf16=False, fp16=True)
+        instead["native bf16"] = "training in fp16 with loss scaling instead of bf16"
+    if tf32 and not native:
+        changes["tf32"] = False
+        instead["TF32"] = "tf32 off"
+    device = "the CPU" if capability is None else f"this GPU (compute capability {capability[0]}.{capability[1]})"
+    return changes, (f"{device} has no {' and no '.join(instead)}: {', '.join(instead.values())}" if instead else None)
 
 
 def peak_flops(device_name, precision, override_tflops=None):
