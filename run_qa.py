@@ -32,7 +32,7 @@ from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
 from qa.results.records import environment_record, finish_run, save_split_metrics, write_environment
 from qa.training.callbacks import install, run_callbacks, summary
-from qa.training.checkpoints import find_checkpoint, run_record
+from qa.training.checkpoints import Checkpoints
 from qa.training.compile import compile_outcome
 from qa.training.flops import settle_tf32
 from qa.training.preemption import EXIT_INTERRUPTED, Interrupted, interrupted_by_sigterm
@@ -90,17 +90,14 @@ def run(argv, callbacks=()):
         limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
                   "test": data_args.max_predict_samples}
         examples = {s: select_examples(raw[s], limits[s]) for s in raw}
-        # What a checkpoint's steps mean: it must fit the one resumed, and no run overwrites a finished one with less
-        # training. Checked (and the checkpoint chosen, verified, damaged ones moved aside) once for all ranks.
-        record = (run_record(model.config, training_args, data_args, examples["train"]) if training_args.do_train
-                  else None)
-        checkpoint = on_main_rank(lambda: find_checkpoint(training_args.output_dir, run_args.resume, record))
-        if trained_here(checkpoint, training_args):  # the training ended there: its model is evaluated, as it is
+        # Before anything is written, once for all ranks: the checkpoint to resume, verified and fit to this run.
+        checkpoints = Checkpoints.open(model.config, training_args, data_args, run_args.resume, examples.get("train"))
+        if checkpoints.trained_here:  # the training ended there: its model is evaluated, as it is
             model, tokenizer = load_model_and_tokenizer(
                 replace(model_args, model_name_or_path=training_args.output_dir, tokenizer_name=None),
                 work_dir=cache_root, training=False, compile=training_args.torch_compile)
         return _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args,
-                                   checkpoint, cache_root, record, callbacks)
+                                   checkpoints, cache_root, callbacks)
     finally:
         lock.release()
 
@@ -126,14 +123,9 @@ def finalize(training_args, run_args, explicit: set) -> None:
                 training_args.learning_rate)
 
 
-def trained_here(checkpoint, training_args) -> bool:
-    """find_checkpoint names output_dir itself when the training there ended but its run did not."""
-    return checkpoint is not None and Path(checkpoint) == Path(training_args.output_dir)
-
-
-def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args, checkpoint,
-                        cache_root, record, extra_callbacks):
-    train = training_args.do_train and not trained_here(checkpoint, training_args)
+def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args, checkpoints,
+                        cache_root, extra_callbacks):
+    train = training_args.do_train and not checkpoints.trained_here
     features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples
                 if s != "train" or train}
 
@@ -154,7 +146,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
         model=model, args=training_args, train_dataset=features.get("train"),
         eval_dataset=features.get("validation"), eval_examples=examples.get("validation"),
         processing_class=tokenizer, data_collator=collator, post_processing=PostProcessing.from_args(data_args),
-        log_extras=telemetry.log_values if telemetry else None, checkpoint_record=record)
+        log_extras=telemetry.log_values if telemetry else None, checkpoints=checkpoints)
     install(trainer, [*callbacks.values(), *extra], run_args)
 
     out = training_args.output_dir
@@ -167,7 +159,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
     if train:
         with evaluated_during_training(trainer, run_args.eval_every_questions):
             try:
-                result = trainer.train(resume_from_checkpoint=checkpoint)
+                result = trainer.train(resume_from_checkpoint=checkpoints.resume_from)
             except EvaluationOutOfMemory as err:  # in an evaluation during training (--eval_every)
                 raise eval_out_of_memory(training_args, err, "the run resumes from its last checkpoint") from None
             except torch.OutOfMemoryError as err:  # one line and its status; the checkpoints stay as they are
@@ -190,7 +182,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
                 atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks["time_to_accuracy"].record())
             trainer.save_state()  # last: trainer_state.json in output_dir says the training ended (its progress)
     # From here on the trained model and its records stay as they are whatever happens: a rerun of the same
-    # command evaluates that model without training (qa.training.checkpoints.find_checkpoint).
+    # command evaluates that model without training (qa.training.checkpoints.Checkpoints.choose).
     then = (f"the trained model and its records stay in {out}, and the same command with it evaluates that model "
             "without training again" if training_args.do_train else "rerun with it")
     try:

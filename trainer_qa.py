@@ -21,7 +21,7 @@ from transformers import Trainer
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import rotate_checkpoints, speed_metrics
 
-from qa.training.checkpoints import COMPLETE_MARKER, write_marker
+from qa.training.checkpoints import Checkpoints
 from qa.io import give_new_file_modes
 from utils_qa import scores_from_examples
 from utils_qa import PostProcessing
@@ -31,17 +31,17 @@ from qa.training.compile import rng_kept
 
 class QuestionAnsweringTrainer(Trainer):
     def __init__(self, *args, eval_examples=None, post_processing: PostProcessing = PostProcessing(),
-                 log_extras=None, checkpoint_record=None, **kwargs):
+                 log_extras=None, checkpoints: Checkpoints = None, **kwargs):
         """`eval_examples`: the questions behind `eval_dataset` (its features);
         `post_processing`: how logits become answers (utils_qa.PostProcessing);
         `log_extras`: a function of a log entry returning values to add to it (the run's
-        throughput figures, qa.training.telemetry.TelemetryCallback.log_values); `checkpoint_record`: what the
-        checkpoints' steps mean (qa.training.checkpoints.run_record), kept in their completion markers."""
+        throughput figures, qa.training.telemetry.TelemetryCallback.log_values); `checkpoints`: the run's
+        Checkpoints, which mark each checkpoint saved complete."""
         super().__init__(*args, **kwargs)
         self.eval_examples = eval_examples
         self.post_processing = post_processing
         self.log_extras = log_extras
-        self.checkpoint_record = checkpoint_record
+        self.checkpoints = checkpoints or Checkpoints(self.args.output_dir)
 
     def log(self, logs, start_time=None):
         # Why: Trainer.log stores `logs` before callbacks see them, so the run's figures join here (documented).
@@ -74,9 +74,8 @@ class QuestionAnsweringTrainer(Trainer):
     def _save_checkpoint(self, model, trial):
         # Why: the completion marker, once every rank has saved; rotation after it, so a complete one remains.
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        marker = os.path.join(folder, COMPLETE_MARKER)
-        if self.args.should_save and os.path.exists(marker):
-            os.remove(marker)  # the same step saved again: incomplete until rewritten
+        if self.args.should_save:
+            self.checkpoints.unmark(folder)
         # The Trainer deletes old checkpoints (save_total_limit) as soon as it has written the new one, before
         # the marker below: a job killed in between would keep no complete checkpoint.
         with attributes_set(self.args, save_total_limit=None):
@@ -84,7 +83,7 @@ class QuestionAnsweringTrainer(Trainer):
         self.accelerator.wait_for_everyone()  # every rank's part (its RNG state, its FSDP shards) is written
         if self.args.should_save:
             give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
-            write_marker(folder, self.state.global_step, self.checkpoint_record)  # files' sizes and hashes; the run
+            self.checkpoints.mark(folder, self.state.global_step)
             rotate_checkpoints(output_dir=os.path.dirname(folder), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 

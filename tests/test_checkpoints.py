@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from qa.manifest import HASH, file_hash
-from qa.training.checkpoints import COMPLETE_MARKER, check_checkpoint, find_checkpoint, write_marker
+from qa.training.checkpoints import COMPLETE_MARKER, Checkpoints
 from qa.errors import InputError
 from tests.helpers import go_offline
 from tests.test_run_qa import TINY
@@ -42,13 +42,13 @@ def _flip(path, offset=None):
 
 def test_marker_records_every_file_and_verifies(tmp_path):
     folder = _checkpoint(tmp_path / "checkpoint-4")
-    write_marker(folder, 4)
+    Checkpoints(tmp_path).mark(folder, 4)
     marker = json.loads((folder / COMPLETE_MARKER).read_text())
     assert marker["global_step"] == 4 and marker["format"] == 2
     assert sorted(marker["files"]) == ["model.safetensors", "optimizer.pt", "shards/part.bin", "trainer_state.json"]
     assert marker["files"]["optimizer.pt"]["size"] == (folder / "optimizer.pt").stat().st_size
     assert all(len(f[HASH]) == 32 for f in marker["files"].values())
-    assert check_checkpoint(folder) is None
+    assert Checkpoints.verify(folder) is None
 
 
 @pytest.mark.parametrize("damage, problem", [
@@ -60,22 +60,22 @@ def test_marker_records_every_file_and_verifies(tmp_path):
 ], ids=["truncated weights", "changed optimizer state", "changed shard", "missing file"])
 def test_damage_is_found(damage, problem, tmp_path):
     folder = _checkpoint(tmp_path / "checkpoint-4")
-    write_marker(folder, 4)
+    Checkpoints(tmp_path).mark(folder, 4)
     damage(folder)
-    assert check_checkpoint(folder).startswith(problem), check_checkpoint(folder)
+    assert Checkpoints.verify(folder).startswith(problem), Checkpoints.verify(folder)
 
 
-# What find_checkpoint is told of the run: one that trains on, to step 100.
+# What Checkpoints.choose is told of the run: one that trains on, to step 100.
 RUN = {"max_steps": 100, "num_train_epochs": 1.0}
 
 
 def test_resume_picks_the_newest_that_verifies(tmp_path, caplog):
     for step in (2, 4, 6):
-        write_marker(_checkpoint(tmp_path / f"checkpoint-{step}"), step)
+        Checkpoints(tmp_path).mark(_checkpoint(tmp_path / f"checkpoint-{step}"), step)
     (tmp_path / "checkpoint-8").mkdir()  # torn: no marker
     _flip(tmp_path / "checkpoint-6" / "model.safetensors")
     with caplog.at_level(logging.INFO):
-        assert find_checkpoint(tmp_path, "auto", RUN) == str(tmp_path / "checkpoint-4")
+        assert Checkpoints(tmp_path, RUN).choose("auto") == str(tmp_path / "checkpoint-4")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "damaged" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith(
         "checkpoint-6 is damaged (model.safetensors differs from what was saved (content hash)): moved to "), warnings
@@ -88,10 +88,10 @@ def test_a_marker_without_files_counts_as_damaged(tmp_path, caplog):
     """A marker that lists no files (unreadable, or written by an earlier version: the step alone)
     cannot be verified: that checkpoint is moved aside like a damaged one."""
     for step in (2, 4):
-        write_marker(_checkpoint(tmp_path / f"checkpoint-{step}"), step)
+        Checkpoints(tmp_path).mark(_checkpoint(tmp_path / f"checkpoint-{step}"), step)
     (tmp_path / "checkpoint-4" / COMPLETE_MARKER).write_text(json.dumps({"global_step": 4}))
     with caplog.at_level(logging.WARNING):
-        assert find_checkpoint(tmp_path, "auto", RUN) == str(tmp_path / "checkpoint-2")
+        assert Checkpoints(tmp_path, RUN).choose("auto") == str(tmp_path / "checkpoint-2")
     assert [r.getMessage() for r in caplog.records][0].startswith(
         f"checkpoint-4 is damaged (its {COMPLETE_MARKER} lists no files to verify): moved to ")
     assert [p.name for p in tmp_path.glob("damaged-*/*")] == ["checkpoint-4"]
@@ -101,17 +101,17 @@ def test_a_run_that_does_not_train_leaves_a_finished_run_alone(tmp_path):
     (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 6, "epoch": 2.0}))
     with pytest.raises(InputError, match=r"holds a finished run \(trained to step 6, epoch 2\); a run that does not "
                                          r"train would overwrite its results\. Fix: to train afresh, --resume never"):
-        find_checkpoint(tmp_path, "auto", None)
-    assert find_checkpoint(tmp_path.parent / "fresh", "auto", None) is None
+        Checkpoints(tmp_path).choose("auto")
+    assert Checkpoints(tmp_path.parent / "fresh").choose("auto") is None
 
 
 def test_explicit_damaged_checkpoint_is_refused(tmp_path):
     folder = _checkpoint(tmp_path / "checkpoint-4")
-    write_marker(folder, 4)
+    Checkpoints(tmp_path).mark(folder, 4)
     (folder / "optimizer.pt").unlink()
     with pytest.raises(InputError, match=r"checkpoint-4: damaged checkpoint: optimizer.pt is missing\. Fix: pass "
                                          r"--resume auto"):
-        find_checkpoint(tmp_path, str(folder), RUN)
+        Checkpoints(tmp_path, RUN).choose(str(folder))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def test_damaged_latest_checkpoint_resumes_from_the_previous(damage, problem, ru
     assert [p.name for p in out.glob("damaged-*/*")] == ["checkpoint-6"]
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
     # the run went on from step 4: it saved step 6 again, whole this time
-    assert check_checkpoint(out / "checkpoint-6") is None and check_checkpoint(out / "checkpoint-8") is None
+    assert Checkpoints.verify(out / "checkpoint-6") is None and Checkpoints.verify(out / "checkpoint-8") is None
 
 
 def test_no_checkpoint_verifies(run, capsys):
@@ -336,7 +336,7 @@ def test_out_of_memory_in_a_step_says_what_to_do_and_the_smaller_batch_resumes(t
                    "the same global batch, gradient accumulation making up the rest; the run resumes from its last "
                    "checkpoint"]
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
-    assert check_checkpoint(out / "checkpoint-2") is None
+    assert Checkpoints.verify(out / "checkpoint-2") is None
     assert not (out / "all_results.json").exists() and not (out / "run.lock").exists()
     monkeypatch.setattr(BertForQuestionAnswering, "forward", forward)
     with caplog.at_level(logging.INFO):
@@ -466,7 +466,7 @@ def test_out_of_memory_in_an_evaluation_during_training_names_the_evaluation_bat
                                                "in an evaluation (CUDA out of memory."), err
     assert err[0].endswith("Fix: pass a smaller --per_device_eval_batch_size (e.g. 16, or 8); the run resumes from "
                            "its last checkpoint"), err
-    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"] and check_checkpoint(out / "checkpoint-2") \
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"] and Checkpoints.verify(out / "checkpoint-2") \
         is None
     assert main([*args, "--per_device_eval_batch_size", "8"], callbacks=device) == 0
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6

@@ -1,21 +1,21 @@
-"""Which checkpoint to resume from, and how to tell a whole checkpoint from a torn or damaged one.
+"""Checkpoints, a run's one object for them: it chooses the checkpoint to resume from (open, once for all ranks),
+verifies it, records what its steps mean and marks a saved one complete (mark, in the trainer's _save_checkpoint).
 
-A checkpoint counts once it holds COMPLETE_MARKER, written atomically after every rank finished
-saving (QuestionAnsweringTrainer._save_checkpoint), so a job killed while saving never resumes
-from a torn folder. The marker lists each file's size and xxh3-128 hash (qa/manifest.py), so a file
-damaged later (a cut copy, a full disk) is caught before resuming and the next newest checkpoint
-that verifies is used.
-
-The marker also records what the checkpoint's steps mean (run_record), so that a run whose settings
-would change that is refused before anything is written (check_resume), as is a run that would
-train no further than the checkpoint or than the finished run of its folder: it would overwrite
-that run's results with those of a run that trained less. docs/running.md, "Resuming"."""
+A checkpoint counts once it holds COMPLETE_MARKER, written atomically after every rank finished saving, so a job
+killed while saving never resumes from a torn folder. The marker lists each file's size and xxh3-128 hash
+(qa/manifest.py), so a file damaged later (a cut copy, a full disk) is caught before resuming and the next newest
+checkpoint that verifies is used. It also records what the steps mean, so that a run whose settings would change
+that is refused before anything is written, as is a run that would train no further than the checkpoint or than
+the finished run of its folder: it would overwrite that run's results with those of a run that trained less.
+docs/running.md, "Resuming"."""
 import logging
 import re
 import shutil
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from qa.distributed import on_main_rank
 from qa.errors import InputError
 from qa.io import atomic_write_json, read_json
 from qa.manifest import check_files, record_files
@@ -36,35 +36,6 @@ def checkpoints(output_dir):
     return sorted((int(m.group(1)), p) for m, p in named if m and p.is_dir())
 
 
-def is_complete(path) -> bool:
-    return (Path(path) / COMPLETE_MARKER).is_file()
-
-
-def write_marker(folder, global_step: int, run=None) -> None:
-    """Mark `folder` complete: the size and hash of each of its files (FSDP shards live in subfolders),
-    and the run_record of the run that wrote it."""
-    folder = Path(folder)
-    files = record_files(folder, skip=(COMPLETE_MARKER,))
-    atomic_write_json(folder / COMPLETE_MARKER, {"format": 2, "global_step": global_step, "files": files, "run": run})
-
-
-def run_record(model_config, training_args, data_args, train_examples) -> dict:
-    """What a checkpoint's steps mean (MEANING: the model's shape, the global batch, the windows, the
-    training data), how the run splits its batch and where it ends (MAY_CHANGE)."""
-    from qa.data.cache import table_digest
-
-    args = training_args
-    shape = {k: v for k, v in model_config.to_dict().items()
-             if k == "model_type" or (type(v) is int and not k.endswith("_token_id"))}
-    return {"model": shape,
-            "global batch": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
-            "max_seq_length": data_args.max_seq_length, "doc_stride": data_args.doc_stride,
-            "training data": f"{len(train_examples):,} questions, content {table_digest(train_examples)[:12]}",
-            "per-device batch": f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation "
-                                f"x {args.world_size} processes",
-            "num_train_epochs": args.num_train_epochs, "max_steps": args.max_steps}
-
-
 def _changes(recorded: dict, run: dict, keys) -> list:
     """[(what, recorded value, this run's value)] for the `keys` that differ."""
     changed = []
@@ -78,30 +49,35 @@ def _changes(recorded: dict, run: dict, keys) -> list:
     return changed
 
 
+def _json(path) -> dict:
+    """The JSON object in `path`; {} when it is missing, unreadable, cut short or not an object."""
+    try:
+        found = read_json(path)
+    except InputError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def progress(folder):
     """(global_step, epoch) of the trainer_state.json in `folder`, or None. In a checkpoint: where it was
     saved; in an output_dir: where its training finished (Trainer.save_state, once it has)."""
+    state = _json(Path(folder) / "trainer_state.json")
     try:
-        state = read_json(Path(folder) / "trainer_state.json")
         return int(state["global_step"]), float(state["epoch"] or 0)
-    except (InputError, KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):
         return None
 
 
 def _trains_further(run: dict, done) -> bool:
-    """Whether the run of run_record `run` ends past `done` ((step, epoch)): the Trainer's end is --max_steps,
-    else the epochs (a checkpoint's epoch counts those done)."""
+    """Whether the run of record `run` ends past `done` ((step, epoch)): the Trainer's end is --max_steps, else
+    the epochs (a checkpoint's epoch counts those done)."""
     step, epoch = done
     return (run["max_steps"] > step) if run["max_steps"] > 0 else (run["num_train_epochs"] > epoch + 1e-9)
 
 
 def _run_ended(output_dir) -> bool:
-    """The run of output_dir got to its end: the last thing it does is to add its wall clock to
-    all_results.json (qa.results.records.finish_run)."""
-    try:
-        return "WALL_CLOCK_SECONDS" in read_json(Path(output_dir) / "all_results.json")
-    except (InputError, TypeError):
-        return False
+    """The run of output_dir ended: its last act adds its wall clock to all_results.json (records.finish_run)."""
+    return "WALL_CLOCK_SECONDS" in _json(Path(output_dir) / "all_results.json")
 
 
 def finished_run_error(output_dir, done, why: str, longer: str = "") -> InputError:
@@ -113,13 +89,12 @@ def finished_run_error(output_dir, done, why: str, longer: str = "") -> InputErr
                       "--output_dir")
 
 
-def check_resume(checkpoint, run: dict, finished=None) -> None:
-    """Before anything is written: InputError when resuming `checkpoint` with this run's run_record
-    `run` would change what its steps mean, or would train no further than the checkpoint or than
-    the finished run of its folder (`finished`: its progress); one line for each change that stays
-    allowed (another split of the same global batch, after an out-of-memory error; a longer training)."""
+def _check_resume(checkpoint, run: dict, finished=None) -> None:
+    """Before anything is written: InputError when resuming `checkpoint` with the record `run` would change what its
+    steps mean, or would train no further than it or than the finished run of its folder (`finished`: its progress);
+    one line for each change that stays allowed (another split of the same global batch, a longer training)."""
     checkpoint = Path(checkpoint)
-    recorded = _marker(checkpoint).get("run") or {}
+    recorded = _json(checkpoint / COMPLETE_MARKER).get("run") or {}
     changed = "; ".join(f"{what} {was} (this run: {now})" for what, was, now in _changes(recorded, run, MEANING))
     if changed:
         raise InputError(str(checkpoint), f"was written by a run whose steps mean something else: {changed}",
@@ -141,85 +116,116 @@ def check_resume(checkpoint, run: dict, finished=None) -> None:
                      "train nothing", longer + "to train afresh, --resume never or another --output_dir")
 
 
-def _marker(folder: Path) -> dict:
-    """The completion marker's record; {} when it is missing, unreadable or cut short."""
-    try:
-        marker = read_json(folder / COMPLETE_MARKER)
-    except InputError:
-        return {}
-    return marker if isinstance(marker, dict) else {}
+@dataclass
+class Checkpoints:
+    """The checkpoints of output_dir, for a run whose steps mean `run` (None for a run that does not train)."""
+    output_dir: str
+    run: dict | None = None
+    resume_from: str | None = None  # None: a fresh start
+    trained_here: bool = False  # the training of output_dir ended but its run did not: its model is evaluated
 
+    @classmethod
+    def open(cls, model_config, training_args, data_args, resume: str, train_examples):
+        """This run's checkpoints, the one to resume from chosen on the main rank for every rank. A run that trains
+        records what its steps mean (MEANING), how it splits its batch and where it ends (MAY_CHANGE)."""
+        from qa.data.cache import table_digest
 
-def check_checkpoint(folder):
-    """What is wrong with a complete checkpoint's files, in a few words, or None if they verify."""
-    folder = Path(folder)
-    files = _marker(folder).get("files")
-    if not isinstance(files, dict):  # unreadable, or a marker of an earlier version: nothing to verify against
-        return f"its {COMPLETE_MARKER} lists no files to verify"
-    return check_files(folder, files)
+        opened, args = cls(training_args.output_dir), training_args
+        if args.do_train:
+            opened.run = {
+                "model": {k: v for k, v in model_config.to_dict().items()
+                          if k == "model_type" or (type(v) is int and not k.endswith("_token_id"))},
+                "global batch": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
+                "max_seq_length": data_args.max_seq_length, "doc_stride": data_args.doc_stride,
+                "training data": f"{len(train_examples):,} questions, content {table_digest(train_examples)[:12]}",
+                "per-device batch": f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} "
+                                    f"accumulation x {args.world_size} processes",
+                "num_train_epochs": args.num_train_epochs, "max_steps": args.max_steps}
+        opened.resume_from = on_main_rank(lambda: opened.choose(resume))
+        opened.trained_here = opened.resume_from is not None and Path(opened.resume_from) == Path(opened.output_dir)
+        return opened
 
-
-def find_checkpoint(output_dir, resume: str, run):
-    """The checkpoint to resume from, None for a fresh start; run by the main rank only (it moves folders,
-    qa.distributed.on_main_rank). 'never': none, and the earlier run (checkpoints, results, events) is moved
-    aside whole. 'auto': the newest complete checkpoint whose files verify (torn ones and damaged newer ones
-    are moved aside; only damaged ones: InputError). Otherwise the given checkpoint folder, which must verify.
-    `run`: this run's run_record, which the checkpoint must fit (check_resume); None for a run that does not
-    train. Neither kind of run may overwrite a finished run of output_dir; all is checked before moving.
-    output_dir itself when its training ended but its run did not (stopped in the final evaluation) and this
-    run trains no further: the model trained there is to be evaluated, with no step of training."""
-    if resume == "never":
-        earlier = [p for p in Path(output_dir).iterdir() if p.name != LOCK_NAME and not _ASIDE.match(p.name)]
-        _move_aside(output_dir, earlier, "previous")
+    def choose(self, resume: str):
+        """The checkpoint to resume from, None for a fresh start; run by the main rank only (it moves folders).
+        'never': none, and the earlier run (checkpoints, results, events) is moved aside whole. 'auto': the newest
+        complete checkpoint whose files verify (torn ones and damaged newer ones are moved aside; only damaged
+        ones: InputError). Otherwise the given checkpoint folder, which must verify. It must fit this run
+        (_check_resume); no run may overwrite a finished run of output_dir; all is checked before moving.
+        output_dir itself when its training ended but its run did not (stopped in the final evaluation) and this
+        run trains no further: the model trained there is to be evaluated, with no step of training."""
+        output_dir, run = self.output_dir, self.run
+        if resume == "never":
+            earlier = [p for p in Path(output_dir).iterdir() if p.name != LOCK_NAME and not _ASIDE.match(p.name)]
+            _move_aside(output_dir, earlier, "previous")
+            return None
+        finished = progress(output_dir)
+        if run is None:
+            if finished:
+                raise finished_run_error(output_dir, finished, "a run that does not train would overwrite its results")
+            return None
+        if finished and not _run_ended(output_dir) and not _trains_further(run, finished):
+            # Not from its last checkpoint: the Trainer checks its end after a step, so a resume there can train
+            # one step past --max_steps. Without checkpoints (save_strategy no) there is only this model anyway.
+            logger.warning("%s: the training ended (step %d) but not the run: evaluating the model it trained; the "
+                           "training's records stay as they are", output_dir, finished[0])
+            return str(output_dir)
+        if resume != "auto":
+            if not (Path(resume) / COMPLETE_MARKER).is_file():
+                raise InputError(resume, "not a complete checkpoint folder (no checkpoint_complete.json)",
+                                 "pass --resume auto, never, or a checkpoint-N folder written by this tool")
+            problem = self.verify(resume)
+            if problem:
+                raise InputError(resume, f"damaged checkpoint: {problem}",
+                                 "pass --resume auto (the newest checkpoint that verifies), another checkpoint-N "
+                                 "folder, or --resume never to start afresh")
+            _check_resume(resume, run, finished)
+            return resume
+        found = [path for _, path in checkpoints(output_dir)]
+        complete = [p for p in found if (p / COMPLETE_MARKER).is_file()]
+        damaged, chosen = [], None
+        for path in reversed(complete):
+            problem = self.verify(path)
+            if problem is None:
+                chosen = path
+                break
+            damaged.append((path, problem))
+        if damaged and chosen is None:
+            listed = "; ".join(f"{path.name}: {problem}" for path, problem in damaged)
+            raise InputError(str(output_dir), f"none of its {len(damaged)} complete checkpoint(s) can be resumed "
+                             f"({listed})", "pass --resume never to start afresh (the checkpoints are moved to "
+                             "previous-<time>/), or restore the damaged files")
+        if chosen is not None:
+            _check_resume(chosen, run, finished)
+        elif finished:
+            raise finished_run_error(output_dir, finished, "without a checkpoint to continue from, this run would "
+                                     "start afresh over it")
+        _move_aside(output_dir, [p for p in found if p not in complete], "incomplete")
+        aside = _move_aside(output_dir, [path for path, _ in damaged], "damaged", log=False)
+        for path, problem in damaged:
+            logger.warning("%s is damaged (%s): moved to %s; resuming from %s", path.name, problem, aside, chosen.name)
+        if chosen is not None:
+            logger.info("resuming from %s", chosen)
+            return str(chosen)
         return None
-    finished = progress(output_dir)
-    if run is None:
-        if finished:
-            raise finished_run_error(output_dir, finished, "a run that does not train would overwrite its results")
-        return None
-    if finished and not _run_ended(output_dir) and not _trains_further(run, finished):
-        # Not from its last checkpoint: the Trainer checks its end after a step, so a resume there can train
-        # one step past --max_steps. Without checkpoints (save_strategy no) there is only this model anyway.
-        logger.warning("%s: the training ended (step %d) but not the run: evaluating the model it trained; the "
-                       "training's records stay as they are", output_dir, finished[0])
-        return str(output_dir)
-    if resume != "auto":
-        if not is_complete(resume):
-            raise InputError(resume, "not a complete checkpoint folder (no checkpoint_complete.json)",
-                             "pass --resume auto, never, or a checkpoint-N folder written by this tool")
-        problem = check_checkpoint(resume)
-        if problem:
-            raise InputError(resume, f"damaged checkpoint: {problem}",
-                             "pass --resume auto (the newest checkpoint that verifies), another checkpoint-N "
-                             "folder, or --resume never to start afresh")
-        check_resume(resume, run, finished)
-        return resume
-    found = [path for _, path in checkpoints(output_dir)]
-    damaged, chosen = [], None
-    for path in reversed([p for p in found if is_complete(p)]):
-        problem = check_checkpoint(path)
-        if problem is None:
-            chosen = path
-            break
-        damaged.append((path, problem))
-    if damaged and chosen is None:
-        listed = "; ".join(f"{path.name}: {problem}" for path, problem in damaged)
-        raise InputError(str(output_dir), f"none of its {len(damaged)} complete checkpoint(s) can be resumed "
-                         f"({listed})", "pass --resume never to start afresh (the checkpoints are moved to "
-                         "previous-<time>/), or restore the damaged files")
-    if chosen is not None:
-        check_resume(chosen, run, finished)
-    elif finished:
-        raise finished_run_error(output_dir, finished, "without a checkpoint to continue from, this run would start "
-                                 "afresh over it")
-    _move_aside(output_dir, [p for p in found if not is_complete(p)], "incomplete")
-    aside = _move_aside(output_dir, [path for path, _ in damaged], "damaged", log=False)
-    for path, problem in damaged:
-        logger.warning("%s is damaged (%s): moved to %s; resuming from %s", path.name, problem, aside, chosen.name)
-    if chosen is not None:
-        logger.info("resuming from %s", chosen)
-        return str(chosen)
-    return None
+
+    def mark(self, folder, global_step: int) -> None:
+        """Marks `folder` complete: its files' sizes and hashes (FSDP shards in subfolders too), what its steps mean."""
+        files = record_files(folder, skip=(COMPLETE_MARKER,))
+        atomic_write_json(Path(folder) / COMPLETE_MARKER,
+                          {"format": 2, "global_step": global_step, "files": files, "run": self.run})
+
+    @staticmethod
+    def unmark(folder) -> None:
+        """`folder` is incomplete until marked again (the same step saved anew)."""
+        (Path(folder) / COMPLETE_MARKER).unlink(missing_ok=True)
+
+    @staticmethod
+    def verify(folder):
+        """What is wrong with a complete checkpoint's files, in a few words, or None if they verify."""
+        files = _json(Path(folder) / COMPLETE_MARKER).get("files")
+        if not isinstance(files, dict):  # unreadable, or a marker of an earlier version: nothing to verify against
+            return f"its {COMPLETE_MARKER} lists no files to verify"
+        return check_files(folder, files)
 
 
 def _move_aside(output_dir, paths, label, log=True):
