@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -48,17 +48,33 @@ def select_examples(dataset, limit):
     return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
 
 
-def build_features(split, examples, tokenizer, data_args, training_args, cache_root):
+def build_features(setup, split):
     fn = prepare_train_features if split == "train" else prepare_validation_features
-    params = dict(max_seq_length=data_args.max_seq_length, doc_stride=data_args.doc_stride,
-                  max_query_length=data_args.max_query_length, pad_to_max_length=data_args.pad_to_max_length)
+    data, examples = setup.data_args, setup.examples[split]
+    params = dict(max_seq_length=data.max_seq_length, doc_stride=data.doc_stride,
+                  max_query_length=data.max_query_length, pad_to_max_length=data.pad_to_max_length)
     features, hit = cached_features(
-        examples, tokenizer, fn, params, cache_dir=cache_root, num_proc=data_args.preprocessing_num_workers,
-        overwrite=data_args.overwrite_cache, main_process_first=training_args.main_process_first,
+        examples, setup.tokenizer, fn, params, cache_dir=setup.cache_root, num_proc=data.preprocessing_num_workers,
+        overwrite=data.overwrite_cache, main_process_first=setup.training_args.main_process_first,
         desc=f"tokenizing {split}")
     logger.info("%s: %d questions -> %d features (%s)", split, len(examples), len(features),
                 "cached" if hit else "tokenized")
     return features
+
+
+@dataclass
+class RunSetup:
+    """What run() settles before anything is written: the checked arguments, the model, the questions, the
+    checkpoint to resume and where features are cached."""
+    model_args: object
+    data_args: object
+    run_args: object
+    training_args: object
+    model: object
+    tokenizer: object
+    examples: dict
+    checkpoints: Checkpoints
+    cache_root: Path
 
 
 def run(argv, callbacks=()):
@@ -96,8 +112,8 @@ def run(argv, callbacks=()):
             model, tokenizer = load_model_and_tokenizer(
                 replace(model_args, model_name_or_path=training_args.output_dir, tokenizer_name=None),
                 work_dir=cache_root, training=False, compile=training_args.torch_compile)
-        return _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args,
-                                   checkpoints, cache_root, callbacks)
+        return _train_and_evaluate(RunSetup(model_args, data_args, run_args, training_args, model, tokenizer, examples,
+                                            checkpoints, cache_root), callbacks)
     finally:
         lock.release()
 
@@ -123,47 +139,47 @@ def finalize(training_args, run_args, explicit: set) -> None:
                 training_args.learning_rate)
 
 
-def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_args, training_args, checkpoints,
-                        cache_root, extra_callbacks):
-    train = training_args.do_train and not checkpoints.trained_here
-    features = {s: build_features(s, examples[s], tokenizer, data_args, training_args, cache_root) for s in examples
-                if s != "train" or train}
+def _train_and_evaluate(setup, extra_callbacks):
+    """Features, the Trainer and its callbacks; trains, evaluates, predicts and records: the run's exit status."""
+    args, data = setup.training_args, setup.data_args
+    train = args.do_train and not setup.checkpoints.trained_here
+    features = {s: build_features(setup, s) for s in setup.examples if s != "train" or train}
 
     collator = default_data_collator
-    if not data_args.pad_to_max_length:  # dynamic padding, to a few lengths (qa/data/collate.py)
-        collator = BucketPaddingCollator(tokenizer, data_args.max_seq_length, data_args.pad_to_multiple_of,
-                                         data_args.length_buckets)
-        if "train" in features and training_args.train_sampling_strategy == "group_by_length":
+    if not data.pad_to_max_length:  # dynamic padding, to a few lengths (qa/data/collate.py)
+        collator = BucketPaddingCollator(setup.tokenizer, data.max_seq_length, data.pad_to_multiple_of,
+                                         data.length_buckets)
+        if "train" in features and args.train_sampling_strategy == "group_by_length":
             features["train"] = add_length_column(features["train"])  # lengths for the sampler, read at once
-    callbacks = run_callbacks(run_args, training_args)
+    callbacks = run_callbacks(setup.run_args, args)
     extra = list(extra_callbacks)
-    if run_args.measure_communication:  # the scaling study's instrument: opt-in, and kept with the study
+    if setup.run_args.measure_communication:  # the scaling study's instrument: opt-in, and kept with the study
         from scaling.comm_measure import CommunicationMeasurement
 
         extra.append(CommunicationMeasurement())
     telemetry = callbacks.get("telemetry")
     trainer = QuestionAnsweringTrainer(
-        model=model, args=training_args, train_dataset=features.get("train"),
-        eval_dataset=features.get("validation"), eval_examples=examples.get("validation"),
-        processing_class=tokenizer, data_collator=collator, post_processing=PostProcessing.from_args(data_args),
-        log_extras=telemetry.log_values if telemetry else None, checkpoints=checkpoints)
-    install(trainer, [*callbacks.values(), *extra], run_args)
+        model=setup.model, args=args, train_dataset=features.get("train"),
+        eval_dataset=features.get("validation"), eval_examples=setup.examples.get("validation"),
+        processing_class=setup.tokenizer, data_collator=collator, post_processing=PostProcessing.from_args(data),
+        log_extras=telemetry.log_values if telemetry else None, checkpoints=setup.checkpoints)
+    install(trainer, [*callbacks.values(), *extra], setup.run_args)
 
-    out = training_args.output_dir
+    out = args.output_dir
     main = trainer.is_world_process_zero()
     if main:  # the record runs git and asks every GPU: rank 0's alone is written
-        env = environment_record({**asdict(model_args), **asdict(data_args), **asdict(run_args),
-                                  **training_args.to_dict()})
+        env = environment_record({**asdict(setup.model_args), **asdict(data), **asdict(setup.run_args),
+                                  **args.to_dict()})
         write_environment(out, env)
 
     if train:
-        with evaluated_during_training(trainer, run_args.eval_every_questions):
+        with evaluated_during_training(trainer, setup.run_args.eval_every_questions):
             try:
-                result = trainer.train(resume_from_checkpoint=checkpoints.resume_from)
+                result = trainer.train(resume_from_checkpoint=setup.checkpoints.resume_from)
             except EvaluationOutOfMemory as err:  # in an evaluation during training (--eval_every)
-                raise eval_out_of_memory(training_args, err, "the run resumes from its last checkpoint") from None
+                raise eval_out_of_memory(args, err, "the run resumes from its last checkpoint") from None
             except torch.OutOfMemoryError as err:  # one line and its status; the checkpoints stay as they are
-                raise out_of_memory(training_args, err) from None
+                raise out_of_memory(args, err) from None
         stopped_at = callbacks["preemption"].stopped_at if "preemption" in callbacks else None
         if stopped_at is not None:
             # Stopped on SIGTERM with checkpoint-N saved: unfinished, so no results are written;
@@ -174,7 +190,7 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
             return EXIT_INTERRUPTED
         trainer.save_model()
         metrics = dict(result.metrics)
-        metrics.update(train_throughput(metrics, token_stats(features["train"]), len(examples["train"])))
+        metrics.update(train_throughput(metrics, token_stats(features["train"]), len(setup.examples["train"])))
         metrics.update(summary([*callbacks.values(), *extra]))
         if main:
             save_split_metrics(out, "train", metrics)
@@ -184,18 +200,18 @@ def _train_and_evaluate(model, tokenizer, examples, model_args, data_args, run_a
     # From here on the trained model and its records stay as they are whatever happens: a rerun of the same
     # command evaluates that model without training (qa.training.checkpoints.Checkpoints.choose).
     then = (f"the trained model and its records stay in {out}, and the same command with it evaluates that model "
-            "without training again" if training_args.do_train else "rerun with it")
+            "without training again" if args.do_train else "rerun with it")
     try:
         with interrupted_by_sigterm():
-            _evaluate(trainer, features, examples, training_args, main)
+            _evaluate(trainer, features, setup.examples, args, main)
     except torch.OutOfMemoryError as err:
-        raise eval_out_of_memory(training_args, err, then) from None
+        raise eval_out_of_memory(args, err, then) from None
     except Interrupted:  # nothing to checkpoint: the evaluation is done again by the rerun
         logger.warning("interrupted by SIGTERM during the evaluation%s: rerun the same command to evaluate",
-                       f" (the trained model stays in {out})" if training_args.do_train else "")
+                       f" (the trained model stays in {out})" if args.do_train else "")
         return EXIT_INTERRUPTED
     if main:
-        compiled = {"compiled": compile_outcome()} if training_args.torch_compile else {}
+        compiled = {"compiled": compile_outcome()} if args.torch_compile else {}
         # The wall clock from the process's start: imports are part of a job's cost.
         results = finish_run(out, time.time() - psutil.Process().create_time(), env, compiled)
         logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)

@@ -123,8 +123,8 @@ def _steps_window(name, value, values) -> None:
 
 
 def _buckets(name, value, values) -> None:  # and at most max_seq_length: check_together
-    for bucket in value or ():
-        count("a length dynamic padding rounds up to", "give lengths from 1 to max_seq_length")(name, bucket, values)
+    if min(value or [1]) < 1:
+        raise InputError(f"{name}={list(value)}", f"bucket {min(value)} is below 1", "give lengths of 1 or more")
 
 
 def arg(default=None, check=None, help=None, choices=None):
