@@ -25,8 +25,7 @@ from qa.training.checkpoints import COMPLETE_MARKER, write_marker
 from qa.io import give_new_file_modes
 from qa.evaluation.metric import scores_from_examples
 from qa.evaluation.postprocess import PostProcessing
-from qa.evaluation.time_to_accuracy import first_questions
-from qa.training.compile import rng_kept
+from qa.evaluation.time_to_accuracy import first_questions, rng_kept
 
 
 class QuestionAnsweringTrainer(Trainer):
