@@ -10,7 +10,7 @@ import pytest
 
 from qa.evaluation import metric
 from qa.data.files import WHAT
-from qa.data.normalise import table_from_document
+from qa.data.table import table_from_document
 from qa.io import read_json
 from qa.evaluation.metric import normalize_answer, scores_from_examples
 from tests.helpers import DEV_SET as DEV_V11
