@@ -106,7 +106,7 @@ class Answerer:
 
     def answer_many(self, questions, contexts, top_k: int = 1) -> list:
         """One result per question; `contexts`: one per question, or a single one for all."""
-        from qa.data.normalise import table_from_columns
+        from qa.data.table import table_from_columns
         from qa.data.validate import validate
 
         questions = list(questions)

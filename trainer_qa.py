@@ -23,10 +23,8 @@ from transformers.trainer_utils import rotate_checkpoints, speed_metrics
 
 from qa.training.checkpoints import Checkpoints
 from qa.io import give_new_file_modes
-from utils_qa import scores_from_examples
-from utils_qa import PostProcessing
-from qa.evaluation.time_to_accuracy import first_questions
-from qa.training.compile import rng_kept
+from qa.evaluation.time_to_accuracy import first_questions, rng_kept
+from utils_qa import PostProcessing, scores_from_examples
 
 
 class QuestionAnsweringTrainer(Trainer):

@@ -159,7 +159,7 @@ def prepare_validation_features(examples, tokenizer, max_seq_length=384, doc_str
 
 
 # ---- Post-processing: start/end logits over features -> answer texts ---------------------------------------
-# The plain loop of the well-known Hugging Face example (tests/postprocess_reference.py, whose docstring is
+# The plain loop of the well-known Hugging Face example (bench/postprocess_reference.py, whose docstring is
 # the specification, ties and fallbacks included), vectorised with numpy: the 10,784 dev features in under a
 # second.
 

@@ -3,7 +3,7 @@
 Tokenizes every dev question (10,784 features at max_seq_length 384, doc_stride 128, with the
 bert-base-uncased vocabulary of the bundled MiniLM) into a datasets table, as the QA Trainer passes them,
 draws random logits with a fixed seed, times both implementations (the reference loop is
-tests/postprocess_reference.py) in this one process (best of --repeat, wall clock and CPU time), checks that
+bench/postprocess_reference.py) in this one process (best of --repeat, wall clock and CPU time), checks that
 they give identical results, and prints one JSON line. Exits 1 if the results differ.
 
     python bench/bench_postprocess.py [--v2] [--repeat 3] [--seed 0] [--dev PATH]
@@ -20,14 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
+from dev_set import require_squad_dev, squad_dev_path  # these two beside this script
+from postprocess_reference import postprocess_qa_predictions_reference
 from qa.data.sources import read_squad
 from qa.errors import command
 from utils_qa import prepare_validation_features
 from qa.model import bundled_minilm_dir
 from utils_qa import rank_answers
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def load_examples(path):
@@ -56,9 +55,6 @@ def main(argv=None):
 
     from datasets import Dataset
     from transformers import AutoTokenizer
-
-    sys.path.insert(0, str(REPO))
-    from tests.postprocess_reference import postprocess_qa_predictions_reference
 
     t0 = time.perf_counter()
     examples = load_examples(require_squad_dev(args.dev))

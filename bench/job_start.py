@@ -23,6 +23,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from local_slurm import TERMINAL, start_cluster  # beside this script
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, atomic_write_text
 
@@ -52,9 +53,6 @@ def _poll(cluster, env, job, folder, started, terminal):
 
 
 def measure(checkouts: dict, repeats: int, work: Path) -> list:
-    sys.path.insert(0, str(REPO))
-    from tests.slurm_fixture import TERMINAL, start_cluster
-
     envdir = work / "env"
     envdir.mkdir(parents=True)
     env_file = envdir / "env.sh"

@@ -8,7 +8,7 @@ Checks (each recorded with ok, seconds and what it found; one that fails does no
   matmul_bf16     an 8192^3 bf16 product on random data, timed with CUDA events: TFLOP/s
   window_peak     the telemetry's timed window reports its own peak memory, not the warm-up's
   profiler_keys   torch.profiler's table sorted by self_device_time_total (and memory)
-  cuda_rng        the random generators put back by qa.training.compile.rng_kept, CUDA's included
+  cuda_rng        the random generators put back by qa.evaluation.time_to_accuracy.rng_kept, CUDA's included
   sdpa_mask_bf16  sdpa_with_mask (a boolean mask, always passed) in bf16 at widths that are multiples of 8 and
                   not of 16, forward and backward, against eager attention
   eval_compile    a compiled BERT's evaluation graphs (no_grad, dynamic widths), cold, and the compile outcome
@@ -92,7 +92,7 @@ def profiler_keys():
 
 
 def cuda_rng():
-    from qa.training.compile import rng_kept
+    from qa.evaluation.time_to_accuracy import rng_kept
 
     with rng_kept():
         first = torch.rand(4, device=DEVICE)

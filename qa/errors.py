@@ -1,11 +1,11 @@
 """The project's one error type for what a user must fix, and the one way a command reports it.
 
 An `InputError`'s message is a single line that names the file, record or setting at fault and
-says how to fix it. Every command of the project (run_qa.py, utils_qa.py score, tools/prefetch.py,
-tools/scaling_report.py, ...) runs its main function through `command`, which prints the message
-as `error: <message>` on stderr and exits with the error's status: 2, or the distinct status of a
-failure the user fixes the same way (EXIT_OUT_OF_MEMORY); anything else is a bug and keeps its
-traceback.
+says how to fix it (`plural` words its counts, `short` quotes its values). Every command of the project
+(run_qa.py, utils_qa.py score, tools/prefetch.py, tools/scaling_report.py, ...) runs its main function
+through `command`, which prints the message as `error: <message>` on stderr and exits with the error's
+status: 2, or the distinct status of a failure the user fixes the same way (EXIT_OUT_OF_MEMORY); anything
+else is a bug and keeps its traceback.
 """
 import functools
 import sys
@@ -21,6 +21,15 @@ class InputError(Exception):
 
     def __reduce__(self):  # whole across processes (datasets.map with num_proc, DataLoader workers)
         return type(self), (self.where, self.problem, self.fix, self.exit_code)
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + "..." + text[-1]  # keep the closing quote or bracket
 
 
 def command(main):

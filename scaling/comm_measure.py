@@ -22,7 +22,8 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from qa.distributed import distributed
-from qa.training.compile import collate_rows, forward_backward, rng_kept
+from qa.evaluation.time_to_accuracy import rng_kept
+from qa.training.compile import collate_rows, forward_backward
 from qa.training.flops import gradient_size
 from scaling.bandwidth import GB, busbw_from_algbw
 

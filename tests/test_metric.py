@@ -10,7 +10,7 @@ import pytest
 
 import utils_qa
 from qa.data.files import WHAT
-from qa.data.normalise import table_from_document
+from qa.data.table import table_from_document
 from qa.io import read_json
 from utils_qa import normalize_answer, scores_from_examples
 from tests.helpers import DEV_SET as DEV_V11

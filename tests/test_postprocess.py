@@ -12,7 +12,7 @@ import pytest
 
 from utils_qa import rank_answers
 from tests.helpers import DEV_SET
-from tests.postprocess_reference import postprocess_qa_predictions_reference
+from bench.postprocess_reference import postprocess_qa_predictions_reference
 
 CONTEXT = "zero one two three four five six seven eight nine"
 SPANS = [m.span() for m in re.finditer(r"\S+", CONTEXT)]

@@ -11,14 +11,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # jobs on a real local SLURM cluster: minutes
+from bench.local_slurm import SCRIPT, alive, start_cluster
+from tests.slurm_fixture import require_slurm, slurm_cluster  # noqa: F401  (registers the fixture)
 
-try:
-    from tests.slurm_fixture import (SCRIPT, alive, require_slurm, slurm_cluster,  # noqa: F401
-                                     start_cluster)
-except ImportError:  # `pytest` run without the repo root on sys.path
-    from slurm_fixture import (SCRIPT, alive, require_slurm, slurm_cluster,  # noqa: F401
-                               start_cluster)
+pytestmark = pytest.mark.slow  # jobs on a real local SLURM cluster: minutes
 
 
 def _out(info: dict) -> str:

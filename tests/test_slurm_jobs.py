@@ -35,13 +35,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.local_slurm import TERMINAL, alive
 from tests.helpers import REPO
-
-
-try:
-    from tests.slurm_fixture import TERMINAL, alive, slurm_cluster  # noqa: F401  (registers the fixture)
-except ImportError:  # pragma: no cover
-    from slurm_fixture import TERMINAL, alive, slurm_cluster  # noqa: F401
+from tests.slurm_fixture import slurm_cluster  # noqa: F401  (registers the fixture)
 
 FT3, DDP = REPO / "job_ft3.sh", REPO / "job_ddp.sh"
 LAUNCHER = REPO / "jobs" / "launch.sh"

@@ -317,13 +317,12 @@ def test_timed_window_counts_the_compilations_inside_it():
     for a new input kind) inside the window is counted, one compiled before it is not."""
     import torch
 
+    from qa.training.compile import compile_stats
     from qa.training.telemetry import TelemetryCallback
 
     @torch.compile(backend="eager")  # dynamo's part only: no code generation, a fraction of a second
     def double(x):
         return x * 2
-
-    from qa.training.telemetry import compile_stats
 
     compile_stats()  # the counting hook in place, as after an earlier run in this process ...
     torch._dynamo.reset()  # ... and cleared with every compile callback (tests and notebooks call it)

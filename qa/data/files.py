@@ -1,12 +1,12 @@
 """Data files: the format from the name (`.json`, `.jsonl`/`.ndjson`, `.csv`, `.parquet`/`.pq`, each
-optionally followed by `.gz`), the content parsed into a Table (qa.data.normalise)."""
+optionally followed by `.gz`), the content parsed into a Table (qa.data.table)."""
 import csv
 import io
 import json
 import os
 
 from qa.errors import InputError
-from qa.data.normalise import Table, table_from_columns, table_from_document, table_from_records
+from qa.data.table import Table, table_from_columns, table_from_document, table_from_records
 from qa.io import json_error, parse_json_lines, read_bytes, read_text, require_file
 
 WHAT = "data file"  # what qa.io's messages call it

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from qa.errors import InputError
 from qa.data.files import read_table
-from qa.data.normalise import squad_features, table_from_columns, table_from_nested
+from qa.data.table import squad_features, table_from_columns, table_from_nested
 from qa.data.synthetic import SYNTHETIC_SEED_OFFSET, synthetic_squad
 from qa.data.validate import validate
 

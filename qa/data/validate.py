@@ -2,8 +2,8 @@
 how many others share it."""
 from collections import Counter
 
-from qa.errors import InputError
-from qa.data.normalise import Table, plural, short
+from qa.data.table import Table
+from qa.errors import InputError, plural, short
 
 
 def validate(table: Table, version_2_with_negative: bool, check_answer_spans: bool = True) -> None:

@@ -2,12 +2,16 @@
 training, each evaluation recording the training seconds so far, step, features seen, F1 and EM,
 on a clock that runs from the start of training (compilation and warm-up are part of the cost)
 and stops while evaluating; `--target_f1` gives the seconds to reach it. Evaluating changes
-nothing in training (QuestionAnsweringTrainer keeps every random generator as it was)."""
+nothing in training: QuestionAnsweringTrainer evaluates inside `rng_kept`."""
+import contextlib
 import logging
 import math
+import random
 import time
 from typing import List, Optional
 
+import numpy as np
+import torch
 from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
@@ -30,6 +34,21 @@ def first_questions(examples, features, n: Optional[int]):
     kept = set(examples["id"])
     ids = features.with_format("arrow")["example_id"].to_pylist()
     return examples, features.select([i for i, qid in enumerate(ids) if qid in kept])
+
+
+@contextlib.contextmanager
+def rng_kept():
+    """Every random generator as it was: a pass outside training must not change what training does."""
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if states[3] is not None:
+            torch.cuda.set_rng_state_all(states[3])
 
 
 def time_to_target(evaluations: List[dict], target: float) -> dict:

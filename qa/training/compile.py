@@ -1,15 +1,12 @@
-"""How a `--torch_compile` run compiles: the settings accelerate reads, sdpa attention that always gets
-its mask, a failed compilation that falls back to eager code, and the warm-up (`--compile_warmup`): a
-pass of every batch shape before the first step, so that no compilation lands in a timed window."""
-import contextlib
+"""How a `--torch_compile` run compiles: the settings accelerate reads, sdpa attention that always gets its mask,
+a failed compilation that falls back to eager code, what has compiled so far (dynamo's counters), and the warm-up
+(`--compile_warmup`): a pass of every batch shape before the first step, so no compilation lands in a timed window."""
 import inspect
 import itertools
 import logging
 import os
-import random
 import time
 
-import numpy as np
 import torch
 import torch._dynamo
 import torch._functorch.config
@@ -18,7 +15,7 @@ from transformers import AttentionInterface, AttentionMaskInterface, TrainerCall
 from transformers.masking_utils import sdpa_mask
 
 from qa.data.collate import feature_lengths
-from qa.training.telemetry import compile_stats, delta
+from qa.evaluation.time_to_accuracy import rng_kept
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +87,36 @@ def fall_back_when_compile_fails() -> None:
         dynamo.addFilter(COMPILE_FAILURES)
 
 
+_RECOMPILES = {"count": 0}
+
+
+def _count_recompile(start):
+    # Compile ids read 'frame/attempt' (torch._guards.CompileId): attempt n > 0 compiles a frame
+    # again because the guards of its earlier graphs failed (a new shape, a None for a tensor).
+    attempt = str(getattr(start, "compile_id", "")).rpartition("/")[2]
+    if getattr(getattr(start, "callback_trigger", None), "name", "") == "DYNAMO" and attempt.isdigit() \
+            and int(attempt) > 0:
+        _RECOMPILES["count"] += 1
+
+
+def compile_stats(since=None) -> dict:
+    """What torch.compile has done so far in this process (torch._dynamo's counters), or after `since` (an earlier
+    reading); `recompiles` is counted from the first call on by a hook (registered again after a reset)."""
+    from torch._dynamo.utils import counters
+
+    handler = torch._dynamo.callback_handler
+    if _count_recompile not in handler.start_callbacks:
+        handler.register_start_callback(_count_recompile)
+    stats = {"compiles": int(counters["frames"].get("total", 0)),
+             "frames_compiled": int(counters["frames"].get("ok", 0)),
+             "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+             "recompiles": _RECOMPILES["count"], "graph_breaks": int(sum(counters["graph_break"].values())),
+             # a frame past the limit runs eagerly from then on; dynamo files it under the "unimplemented" counters
+             "recompile_limit_hits": int(sum(n for msg, n in counters["unimplemented"].items()
+                                             if "recompile limit" in msg.lower()))}
+    return stats if since is None else {k: v - since[k] for k, v in stats.items()}
+
+
 def compile_outcome() -> str:
     """For a compiled run's results, from dynamo's counters: 'yes' only when it made graphs and every frame it
     tried compiled; else 'fell back: <why>' (an error, the recompile limit, a frame left eager, no graph)."""
@@ -104,21 +131,6 @@ def compile_outcome() -> str:
     if not stats["unique_graphs"]:
         return "fell back: no graph was compiled"
     return "yes"
-
-
-@contextlib.contextmanager
-def rng_kept():
-    """Every random generator as it was: a pass outside training must not change what training does."""
-    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
-    try:
-        yield
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
-        if states[3] is not None:
-            torch.cuda.set_rng_state_all(states[3])
 
 
 def forward_backward(trainer, model, batch: dict):
@@ -187,7 +199,7 @@ class CompileWarmupCallback(TrainerCallback):
                 forward_backward(trainer, model, collate_rows(trainer, rows))
             model.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - started
-        compiled = delta(before, compile_stats())
+        compiled = compile_stats(since=before)
         self.record = {"compile_warmup_shapes": [[len(rows), width] for width, rows in shapes],
                        "compile_warmup_s": round(seconds, 3),
                        "compile_warmup_compiles": compiled.get("compiles"),

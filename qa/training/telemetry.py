@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import torch
 from transformers import TrainerCallback
 
+from qa.training.compile import compile_stats
 from qa.training.flops import gradient_size, matmul_precision, mfu, model_flops, model_shape, peak_flops
 
 logger = logging.getLogger(__name__)
@@ -118,41 +119,6 @@ def describe_training(args, model, optimizer=None, train_dataloader=None, accele
     }
 
 
-_RECOMPILES = {"count": 0}
-
-
-def _count_recompile(start):
-    # Compile ids read 'frame/attempt' (torch._guards.CompileId): attempt n > 0 compiles a frame
-    # again because the guards of its earlier graphs failed (a new shape, a None for a tensor).
-    attempt = str(getattr(start, "compile_id", "")).rpartition("/")[2]
-    if getattr(getattr(start, "callback_trigger", None), "name", "") == "DYNAMO" and attempt.isdigit() \
-            and int(attempt) > 0:
-        _RECOMPILES["count"] += 1
-
-
-def compile_stats():
-    """What torch.compile has done so far in this process (torch._dynamo's counters), with
-    `recompiles` counted from the first call on by a hook (registered again after a reset)."""
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
-    handler = torch._dynamo.callback_handler
-    if _count_recompile not in handler.start_callbacks:
-        handler.register_start_callback(_count_recompile)
-    return {"compiles": int(counters["frames"].get("total", 0)),
-            "frames_compiled": int(counters["frames"].get("ok", 0)),
-            "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "recompiles": _RECOMPILES["count"], "graph_breaks": int(sum(counters["graph_break"].values())),
-            # a frame past the limit runs eagerly from then on; dynamo files it under the "unimplemented" counters
-            "recompile_limit_hits": int(sum(n for msg, n in counters["unimplemented"].items()
-                                            if "recompile limit" in msg.lower()))}
-
-
-def delta(before: dict, after: dict) -> dict:
-    """What grew between two readings of counters (compile_stats(), the telemetry's counts)."""
-    return {k: after[k] - before[k] for k in after}
-
-
 class _Counts:
     """Counts since training began. The token counts of the batches stay on the device
     (`pending`) until `snapshot()` reads them, so counting costs no synchronisation per step."""
@@ -163,11 +129,12 @@ class _Counts:
         self.step_s = self.data_s = 0.0
         self.pending = None  # device tensor [real tokens, sum of squared real lengths]
 
-    def snapshot(self) -> dict:
+    def snapshot(self, since=None) -> dict:
+        """The counts, or what they grew by after `since` (an earlier snapshot)."""
         if self.pending is not None:
             real, sum_sq = (int(v) for v in self.pending.tolist())  # one device sync
             self.real_tokens, self.sum_sq, self.pending = self.real_tokens + real, self.sum_sq + sum_sq, None
-        return {name: getattr(self, name) for name in self.FIELDS}
+        return {name: getattr(self, name) - (since[name] if since else 0) for name in self.FIELDS}
 
 
 class TelemetryCallback(TrainerCallback):
@@ -267,10 +234,10 @@ class TelemetryCallback(TrainerCallback):
                 torch.cuda.reset_peak_memory_stats()
         if closing:
             del self.timed["open"]
-            counts = delta(opened["counts"], self.counts.snapshot())
+            counts = self.counts.snapshot(since=opened["counts"])
             self.timed.update(warmup_s=opened["at"] - self.train_start, seconds=now - opened["at"], counts=counts,
                               memory=self._memory(window=True), last_step=step, complete=True,
-                              compiles=delta(opened["compiles"], compile_stats()))
+                              compiles=compile_stats(since=opened["compiles"]))
             if self.timed["compiles"]["compiles"]:
                 logger.warning("telemetry: %d compilation(s) inside the timed window (steps %d-%d): its figures "
                                "include compile time", self.timed["compiles"]["compiles"], start + 1, step)
@@ -280,9 +247,8 @@ class TelemetryCallback(TrainerCallback):
         entry (QuestionAnsweringTrainer adds them: TensorBoard, log_history, the console)."""
         if not (self._training and "loss" in logs and self.counts.steps > self._logged["steps"]):
             return {}
-        now = self.counts.snapshot()
-        perf = {**self._perf(delta(self._logged, now)), **self._memory()}
-        self._logged = now
+        perf = {**self._perf(self.counts.snapshot(since=self._logged)), **self._memory()}
+        self._logged = self.counts.snapshot()
         return {PERF_PREFIX + k: _sig(v, 6) for k, v in perf.items() if v is not None}
 
     def _memory(self, window=False) -> dict:

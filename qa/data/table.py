@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
-from qa.errors import InputError
+from qa.errors import InputError, plural, short
 
 EXPECTED_COLUMNS = "id, title (optional), context, question, and answers (or answer_text + answer_start)"
 
@@ -215,12 +215,3 @@ def _to_int(value, where: str) -> int:
         return int(value)
     raise InputError(where, f"answer_start {value!r} is not a whole number",
                      "give the answer's character offset in the context (0 = first character)")
-
-
-def plural(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
-
-
-def short(value, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 4] + "..." + text[-1]  # keep the closing quote or bracket
