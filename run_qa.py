@@ -177,7 +177,7 @@ def _train_and_evaluate(setup, extra_callbacks):
             try:
                 result = trainer.train(resume_from_checkpoint=setup.checkpoints.resume_from)
             except EvaluationOutOfMemory as err:  # in an evaluation during training (--eval_every)
-                raise eval_out_of_memory(args, err, "the run resumes from its last checkpoint") from None
+                raise out_of_memory(args, err, "the run resumes from its last checkpoint") from None
             except torch.OutOfMemoryError as err:  # one line and its status; the checkpoints stay as they are
                 raise out_of_memory(args, err) from None
         stopped_at = callbacks["preemption"].stopped_at if "preemption" in callbacks else None
@@ -205,7 +205,7 @@ def _train_and_evaluate(setup, extra_callbacks):
         with interrupted_by_sigterm():
             _evaluate(trainer, features, setup.examples, args, main)
     except torch.OutOfMemoryError as err:
-        raise eval_out_of_memory(args, err, then) from None
+        raise out_of_memory(args, err, then) from None
     except Interrupted:  # nothing to checkpoint: the evaluation is done again by the rerun
         logger.warning("interrupted by SIGTERM during the evaluation%s: rerun the same command to evaluate",
                        f" (the trained model stays in {out})" if args.do_train else "")
@@ -233,29 +233,23 @@ def _evaluate(trainer, features, examples, training_args, main):
             save_split_metrics(out, "predict", metrics)
 
 
-def out_of_memory(training_args, error) -> InputError:
-    """Running out of memory in a training step: the fix keeps the global batch, so that the run can resume."""
-    batch = training_args.per_device_train_batch_size
-    global_batch = batch * training_args.gradient_accumulation_steps * training_args.world_size
-    fix = (f"pass a smaller --per_device_train_batch_size (e.g. {batch // 2}) with --global_batch {global_batch}: the "
-           "same global batch, gradient accumulation making up the rest; the run resumes from its last checkpoint"
-           if batch > 1 else "lower --max_seq_length, or use a device with more memory")
-    return InputError(f"per_device_train_batch_size={batch}", f"the device ran out of memory in a training step "
-                      f"({_said(error)})", fix, exit_code=EXIT_OUT_OF_MEMORY)
-
-
-def eval_out_of_memory(training_args, error, then: str) -> InputError:
-    """Running out of memory in an evaluation or prediction: a smaller evaluation batch changes no result;
-    `then`: what the rerun with it does (resumes the training, or evaluates the model trained)."""
-    batch = training_args.per_device_eval_batch_size
-    fix = (f"pass a smaller --per_device_eval_batch_size (e.g. {batch // 2}, or {max(batch // 4, 1)}); {then}"
-           if batch > 1 else "lower --max_seq_length, or use a device with more memory")
-    return InputError(f"per_device_eval_batch_size={batch}", f"the device ran out of memory in an evaluation "
-                      f"({_said(error)})", fix, exit_code=EXIT_OUT_OF_MEMORY)
-
-
-def _said(error) -> str:
-    return (str(error).strip().splitlines() or ["OutOfMemoryError"])[0][:160]
+def out_of_memory(args, error, then=None) -> InputError:
+    """Out of memory in a training step (`then` None): the fix keeps the global batch, so that the run can resume. In
+    an evaluation: a smaller evaluation batch changes no result; `then` says what the rerun with it does."""
+    name = "per_device_train_batch_size" if then is None else "per_device_eval_batch_size"
+    batch = getattr(args, name)
+    if batch == 1:
+        fix = "lower --max_seq_length, or use a device with more memory"
+    elif then is None:
+        fix = (f"pass a smaller --{name} (e.g. {batch // 2}) with --global_batch "
+               f"{batch * args.gradient_accumulation_steps * args.world_size}: the same global batch, gradient "
+               "accumulation making up the rest; the run resumes from its last checkpoint")
+    else:
+        fix = f"pass a smaller --{name} (e.g. {batch // 2}, or {max(batch // 4, 1)}); {then}"
+    said = (str(error).strip().splitlines() or ["OutOfMemoryError"])[0][:160]
+    where = "a training step" if then is None else "an evaluation"
+    return InputError(f"{name}={batch}", f"the device ran out of memory in {where} ({said})", fix,
+                      exit_code=EXIT_OUT_OF_MEMORY)
 
 
 @command

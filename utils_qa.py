@@ -1,19 +1,13 @@
 #!/usr/bin/env python
-"""SQuAD's own side of question answering, in three parts that run_qa.py, trainer_qa.py and answer_qa.py use:
-
-- pre-processing: questions and contexts -> features, windows of at most `max_seq_length` tokens over each
-  context that share `doc_stride` tokens (prepare_train_features, prepare_validation_features);
-- post-processing: each feature's start/end logits -> one answer text per question, SQuAD v1.1 and v2.0
-  (postprocess_qa_predictions; rank_answers also gives each question's n-best answers);
-- the metric: exact match and F1 exactly as the official v1.1 and v2.0 scripts compute them
-  (scores_from_examples), and its command, installed as bert-squad-score too:
+"""SQuAD's own code: the pre-processing (questions and contexts -> windows of at most `max_seq_length` tokens
+sharing `doc_stride`), the post-processing (logits -> answer texts, v1.1 and v2.0) and the metric, exactly as
+the official scripts compute it, with its command (installed as bert-squad-score too):
 
     python utils_qa.py score DATASET_FILE PREDICTIONS_FILE [--na-prob-file F] [--na-prob-thresh T]
 
-The two halves of one contract sit together: every window starts with [CLS] (position 0, the label of a
-window without the answer and the SQuAD v2 null score) and keeps character offsets for context tokens
-only, which is all the post-processing needs to turn logits into answer text.
-"""
+The two halves of one contract sit together: every window starts with [CLS] (the label of a window without the
+answer, and the SQuAD v2 null score) and keeps character offsets for context tokens only, which is all the
+post-processing needs to turn logits into answer text."""
 import argparse
 import collections
 import json
@@ -37,10 +31,8 @@ from qa.io import atomic_write_json, read_json
 logger = logging.getLogger(__name__)
 
 
-# ---- Pre-processing: SQuAD examples -> features ------------------------------------------------------------
-# Training features are labelled with the answer's token span, or CLS when the window lacks it; evaluation
-# features keep their question's id and each context token's character span.
-
+# ---- Pre-processing: training windows are labelled with the answer's token span (CLS when they lack it);
+# evaluation windows keep their question's id and each context token's character span.
 # Every feature starts with CLS (check_tokenizer makes sure; features are padded on the right), so
 # windows without the answer, unanswerable questions and the SQuAD v2 null score all use position 0.
 CLS_INDEX = 0
@@ -158,11 +150,8 @@ def prepare_validation_features(examples, tokenizer, max_seq_length=384, doc_str
     return enc
 
 
-# ---- Post-processing: start/end logits over features -> answer texts ---------------------------------------
-# The plain loop of the well-known Hugging Face example (bench/postprocess_reference.py, whose docstring is
-# the specification, ties and fallbacks included), vectorised with numpy: the 10,784 dev features in under a
-# second.
-
+# ---- Post-processing: the plain loop of the Hugging Face example (bench/postprocess_reference.py, the
+# specification, ties and fallbacks included), vectorised with numpy: the 10,784 dev features in under a second.
 _FALLBACK = (0.0, 0.0, 0.0, (0, 0))  # (score, start_logit, end_logit, char span): the empty answer
 
 
@@ -395,12 +384,9 @@ class PostProcessing:
                             prefix=prefix)
 
 
-# ---- The metric: SQuAD v1.1 and v2.0 scores, as the official evaluation scripts compute them --------------
-# The same normalisation, token-overlap F1, maximum over gold answers and float summation, so the numbers
-# compare with published ones to the last digit. One deliberate difference: a question without a
-# prediction scores 0 and counts in every denominator, in both versions (the official v2.0 script leaves
-# it out, or crashes). The command prints what the official script of the dataset's version prints.
-
+# ---- The metric: the official scripts' normalisation, token-overlap F1, maximum over gold answers and float
+# summation, so the numbers compare with published ones to the last digit. One deliberate difference: a question
+# without a prediction scores 0 and counts in every denominator (the official v2.0 script drops it, or crashes).
 _PUNCTUATION = frozenset(string.punctuation)
 # \b is Unicode-aware for str patterns, as in the official scripts, so "éa" keeps its "a".
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
