@@ -25,7 +25,7 @@ from qa.data.collate import BucketPaddingCollator, add_length_column
 from qa.data.features import check_tokenizer, prepare_train_features, prepare_validation_features
 from qa.data.sources import load_raw_datasets
 from qa.distributed import close_process_group, on_main_rank
-from qa.errors import InputError, command
+from qa.errors import EXIT_INTERRUPTED, InputError, command
 from qa.evaluation.postprocess import PostProcessing
 from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
@@ -34,7 +34,7 @@ from qa.training.callbacks import install, run_callbacks, summary
 from qa.training.checkpoints import find_checkpoint, run_record
 from qa.training.compile import compile_outcome
 from qa.training.flops import settle_tf32
-from qa.training.preemption import EXIT_INTERRUPTED, Interrupted, interrupted_by_sigterm
+from qa.training.preemption import Interrupted, interrupted_by_sigterm
 from qa.training.runlock import RunLock
 from qa.training.telemetry import token_stats, train_throughput
 from trainer_qa import EvaluationOutOfMemory, QuestionAnsweringTrainer, evaluated_during_training
