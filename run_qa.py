@@ -23,11 +23,9 @@ from qa.arguments import parse_args, split_global_batch
 from qa.console import configure_logging, configure_output
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
-from utils_qa import check_tokenizer, prepare_train_features, prepare_validation_features
 from qa.data.sources import load_raw_datasets
 from qa.distributed import close_process_group, on_main_rank
-from qa.errors import EXIT_OUT_OF_MEMORY, InputError, command
-from utils_qa import PostProcessing
+from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command
 from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
 from qa.results.records import environment_record, finish_run, save_split_metrics, write_environment
@@ -35,10 +33,11 @@ from qa.training.callbacks import install, run_callbacks, summary
 from qa.training.checkpoints import Checkpoints
 from qa.training.compile import compile_outcome
 from qa.training.flops import settle_tf32
-from qa.training.preemption import EXIT_INTERRUPTED, Interrupted, interrupted_by_sigterm
+from qa.training.preemption import Interrupted, interrupted_by_sigterm
 from qa.training.runlock import RunLock
 from qa.training.telemetry import token_stats, train_throughput
 from trainer_qa import EvaluationOutOfMemory, QuestionAnsweringTrainer, evaluated_during_training
+from utils_qa import PostProcessing, check_tokenizer, prepare_train_features, prepare_validation_features
 
 logger = logging.getLogger("run_qa")
 

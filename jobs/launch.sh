@@ -15,7 +15,8 @@
 #      on the first node), in the background while the shell waits;
 #   4. USR1 (`--signal=B:USR1@T`) or TERM: SIGTERM to every process of the job's steps, which save
 #      a checkpoint and stop; the job requeues itself; each run of the job appends its wall-clock
-#      time and outcome to OUTPUT/job_time.jsonl.
+#      time and outcome to OUTPUT/job_time.jsonl: the status rank 0's run_qa.py wrote into
+#      QA_OUTCOME_FILE, as torchrun ends with 1 whatever its workers' statuses.
 # Every variable it reads (and its default) is documented in one place: docs/slurm.md.
 set -uo pipefail
 
@@ -169,13 +170,18 @@ jl_launch() {
   # Every line a worker prints starts with its global rank ([rank3]: ...); torchrun's own copies
   # of the per-rank logs go to node-local scratch.
   export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=${TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE:-'[rank${rank}]: '}
+  # Where rank 0 says how it ended (qa/errors.py): in the job's folder, which every node sees, one per run
+  export QA_OUTCOME_FILE=$PWD/.outcome-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}.json
+  rm -f "$QA_OUTCOME_FILE"
+  local entry=("$REPO_DIR/run_qa.py")
+  [[ -z ${RUN_QA:-} ]] || read -r -a entry <<<"$RUN_QA"
   jl_run srun --kill-on-bad-exit=1 --nodes="$NNODES" --ntasks-per-node=1 --ntasks="$NNODES" \
     ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} \
     torchrun --nnodes="$NNODES" --nproc_per_node="$NPROC" \
     --rdzv_backend=c10d --rdzv_endpoint="$addr:$port" --rdzv_id="$SLURM_JOB_ID" \
     --max_restarts=0 --shutdown_timeout="${SHUTDOWN_TIMEOUT:-120}" --tee=3 \
     --log_dir="$JL_TORCHRUN_LOGS" \
-    "$REPO_DIR/run_qa.py" "$CONFIG" "${RUN_QA_ARGS[@]}"
+    "${entry[@]}" "$CONFIG" "${RUN_QA_ARGS[@]}"
 }
 
 # Where and with what the job runs: goes to the job's .out file.
@@ -223,7 +229,7 @@ jl_on_signal() {
 }
 
 jl_run() {
-  local rc=0
+  local rc=0 outcome
   if [[ -z $JL_SIGNALED ]]; then
     jl_log "running: $*"
     "$@" &
@@ -236,6 +242,7 @@ jl_run() {
   else
     rc=143  # the warning came before training started
   fi
+  jl_outcome
   if [[ $rc == 0 ]]; then
     jl_record_time 0 completed
     exit 0
@@ -251,26 +258,21 @@ jl_run() {
       exit "$rc"
     fi
   fi
-  local outcome=failed refusal
-  if [[ -n $JL_SIGNALED ]]; then
-    outcome=interrupted
-  elif refusal=$(jl_refusal); then  # torchrun reports it as its own status 1, after a traceback
-    if [[ $refusal == *"ran out of memory in a"* ]]; then  # a training step or an evaluation
-      outcome=out_of_memory rc=3  # run_qa.py's own status for it (qa/errors.py)
-      jl_log "run_qa.py stopped: ${refusal#error: }"
-    else
-      outcome=refused rc=2
-      jl_log "run_qa.py refused to start: ${refusal#error: }"
-    fi
-  fi
   jl_record_time "$rc" "$outcome"
   exit "$rc"
 }
 
-# The one-line `error:` with which rank 0's run_qa.py refused its input (status 2: a bad setting,
-# or the output folder held by another run), from torchrun's copy of its stderr; nothing otherwise.
-jl_refusal() {
-  local log
-  log=$(ls -t "${JL_TORCHRUN_LOGS:-/nonexistent}"/*/attempt_*/0/stderr.log 2>/dev/null | head -n1)
-  [[ -n $log ]] && grep -m1 '^error: ' "$log"
+# rc and outcome as rank 0's run_qa.py wrote them into QA_OUTCOME_FILE (torchrun ends with 1 whatever its
+# workers' statuses), its reason logged; without that file (run_qa.py never ran, or rank 0 was killed) the
+# job failed with the status it got, or was interrupted if a signal came.
+jl_outcome() {
+  local status name reason
+  outcome=failed
+  [[ -n $JL_SIGNALED ]] && outcome=interrupted
+  [[ -f ${QA_OUTCOME_FILE:-} ]] || return 0
+  read -r status name reason < <(python -c 'import json, sys
+o = json.load(open(sys.argv[1])); print(o["status"], o["outcome"], o["reason"])' "$QA_OUTCOME_FILE")
+  rm -f "$QA_OUTCOME_FILE"
+  jl_log "run_qa.py: $name (status $status): $reason"
+  ((rc == 0 || status == 0)) || rc=$status outcome=$name
 }

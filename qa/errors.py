@@ -1,17 +1,22 @@
 """The project's one error type for what a user must fix, and the one way a command reports it.
 
-An `InputError`'s message is a single line that names the file, record or setting at fault and
-says how to fix it (`plural` words its counts, `short` quotes its values). Every command of the project
-(run_qa.py, utils_qa.py score, tools/prefetch.py, tools/scaling_report.py, ...) runs its main function
-through `command`, which prints the message as `error: <message>` on stderr and exits with the error's
-status: 2, or the distinct status of a failure the user fixes the same way (EXIT_OUT_OF_MEMORY); anything
-else is a bug and keeps its traceback.
+An `InputError`'s message is a single line that names the file, record or setting at fault and says how to fix it
+(`plural` words its counts, `short` quotes its values). Every command of the project (run_qa.py, utils_qa.py score,
+tools/prefetch.py, ...) runs its main function through `command`, which prints the message as `error: <message>` on
+stderr and exits with the error's status: 2, or the distinct status of a failure the user fixes the same way
+(EXIT_OUT_OF_MEMORY); anything else is a bug and keeps its traceback. Rank 0 writes how it ended (OUTCOMES; any other
+status: "failed") into the file QA_OUTCOME_FILE names, if any: torchrun ends with 1 whatever its workers' statuses,
+so a launcher learns it there.
 """
 import functools
+import os
 import sys
 
 EXIT_INPUT_ERROR = 2
 EXIT_OUT_OF_MEMORY = 3  # the device ran out of memory (training step or evaluation): a smaller per-device batch
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM, as a shell says it: stopped on SIGTERM, resumable (qa/training/preemption.py)
+OUTCOMES = {0: ("completed", "done"), EXIT_INPUT_ERROR: ("refused", ""), EXIT_OUT_OF_MEMORY: ("out_of_memory", ""),
+            EXIT_INTERRUPTED: ("interrupted", "stopped by SIGTERM (a time limit or preemption): rerun to continue")}
 
 
 class InputError(Exception):
@@ -37,15 +42,23 @@ def command(main):
     argparse's --help (help printed, then SystemExit(0)) returns 0 like any finished command."""
     @functools.wraps(main)
     def run(*args, **kwargs):
+        status, reason = 1, ""
         try:
-            return main(*args, **kwargs)
+            status = main(*args, **kwargs) or 0
         except InputError as err:
             # One write: print's text and newline are two when unbuffered, and ranks sharing a stderr interleave them
             sys.stderr.write(f"error: {err}\n")
             sys.stderr.flush()
-            return err.exit_code
-        except SystemExit as exit_:
-            if exit_.code in (0, None):
-                return 0
-            raise
+            status, reason = err.exit_code, str(err)
+        except BaseException as exc:
+            if not isinstance(exc, SystemExit) or exc.code not in (0, None):  # a bug: its type and first line
+                reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+                raise
+            status = 0
+        finally:
+            if (path := os.environ.get("QA_OUTCOME_FILE")) and os.environ.get("RANK", "0") == "0":
+                from qa.io import atomic_write_json  # not at the top: qa.io raises InputError
+                outcome, default = OUTCOMES.get(status, ("failed", f"exit status {status}"))
+                atomic_write_json(path, {"status": status, "outcome": outcome, "reason": reason or default})
+        return status
     return run

@@ -1,9 +1,11 @@
 """Test-only callbacks that act at the evaluation step of run_qa.py, and run_qa.py run with one of them:
 
     python -m tests.eval_hooks pause FLAG_FILE -- RUN_QA_ARGS...
+    python -m tests.eval_hooks oom FITS -- RUN_QA_ARGS...
 
 `pause`: at the first evaluation batch, FLAG_FILE is written and the run waits there (up to 10 minutes), so
-that a test knows the evaluation is under way when it sends SIGTERM."""
+that a test knows the evaluation is under way when it sends SIGTERM. `oom`: evaluation batches larger than
+FITS run out of memory (OutOfMemoryInEvaluation), on a CPU too."""
 import sys
 import time
 from pathlib import Path
@@ -35,8 +37,9 @@ class OutOfMemoryInEvaluation(TrainerCallback):
 
 
 if __name__ == "__main__":
-    hook, flag, dashes, *argv = sys.argv[1:]
-    assert hook == "pause" and dashes == "--", sys.argv
+    hook, value, dashes, *argv = sys.argv[1:]
+    hooks = {"pause": PauseInEvaluation, "oom": lambda fits: OutOfMemoryInEvaluation(int(fits))}
+    assert hook in hooks and dashes == "--", sys.argv
     from run_qa import main
 
-    sys.exit(main(argv, callbacks=[PauseInEvaluation(flag)]))
+    sys.exit(main(argv, callbacks=[hooks[hook](value)]))

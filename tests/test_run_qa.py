@@ -387,3 +387,43 @@ def test_one_error_type_for_every_command(capsys):
         spec.loader.exec_module(module)
         mains.append(module.main)
     assert all(getattr(m, "__wrapped__", None) is not None for m in mains)  # each runs through `command`
+
+
+def test_a_command_says_how_it_ended_in_the_outcome_file(tmp_path, monkeypatch, capsys):
+    """What a job's launcher records, read from QA_OUTCOME_FILE (torchrun ends with 1 whatever a worker's status):
+    each status with its outcome and one-line reason, a bug's type and first line (its traceback kept), and
+    nothing from a rank other than 0."""
+    from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command
+
+    @command
+    def ends(how):
+        if isinstance(how, BaseException):
+            raise how
+        return how
+
+    outcome = tmp_path / "outcome.json"
+    monkeypatch.setenv("QA_OUTCOME_FILE", str(outcome))
+    refusal = InputError("--max_seq_length 0", "must be positive", "e.g. 384")
+    oom = InputError("per_device_eval_batch_size=64", "the device ran out of memory in an evaluation", "pass 32",
+                     exit_code=EXIT_OUT_OF_MEMORY)
+    for how, status, name, reason in (
+            (0, 0, "completed", "done"),
+            (None, 0, "completed", "done"),
+            (SystemExit(0), 0, "completed", "done"),  # --help
+            (refusal, 2, "refused", "--max_seq_length 0: must be positive. Fix: e.g. 384"),
+            (oom, 3, "out_of_memory", "per_device_eval_batch_size=64: the device ran out of memory in an evaluation. "
+                                      "Fix: pass 32"),
+            (EXIT_INTERRUPTED, 143, "interrupted",
+             "stopped by SIGTERM (a time limit or preemption): rerun to continue")):
+        assert ends(how) == status
+        assert json.loads(outcome.read_text()) == {"status": status, "outcome": name, "reason": reason}, how
+    with pytest.raises(RuntimeError):
+        ends(RuntimeError("Connection closed by peer\n  at gloo/transport/tcp/pair.cc:598"))
+    assert json.loads(outcome.read_text()) == {"status": 1, "outcome": "failed",
+                                               "reason": "RuntimeError: Connection closed by peer"}
+    outcome.unlink()
+    monkeypatch.setenv("RANK", "1")
+    assert ends(refusal) == 2 and not outcome.exists()
+    monkeypatch.setenv("RANK", "0")
+    assert ends(0) == 0 and outcome.exists()
+    assert capsys.readouterr().err.count("error: ") == 3  # the refusals' one lines: rank 1's too

@@ -13,6 +13,8 @@ jobs/launch.sh (srun -> torchrun -> run_qa.py); job_ft3.sh is its 1 node x 1 pro
   makes the job checkpoint, requeue itself (Restarts=1) and resume to the same final global step,
   the same metrics and the same files as an uninterrupted run, for both scripts;
 - a rank killed mid-training (SIGKILL, like the OOM killer) ends the whole 2-node job promptly;
+- a refused run, one out of memory and one interrupted without requeue end their jobs with run_qa.py's
+  own status (2, 3, 143) and outcome, which rank 0 wrote into the launcher's outcome file (torchrun says 1);
 - STRATEGY=fsdp and GLOBAL_BATCH: the arguments reach run_qa.py and the job completes. What CPU
   cannot show: accelerate 1.15 shards only on GPUs (with use_cpu it runs FSDP requests as plain
   DDP, MULTI_CPU), so sharding, sharded checkpoints and NCCL are for a GPU cluster to check.
@@ -22,6 +24,7 @@ output folder read without transformers and the run's own global batch arithmeti
 no job script or launcher repeats a block of 6 lines of another. Each training job takes ~20-50 s on
 2 cores; the SLURM tests are skipped, with the reason, where SLURM cannot be installed (not root, no apt).
 """
+import contextlib
 import json
 import math
 import os
@@ -36,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from bench.local_slurm import TERMINAL, alive
+from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command
 from tests.helpers import REPO
 from tests.slurm_fixture import slurm_cluster  # noqa: F401  (registers the fixture)
 
@@ -402,24 +406,37 @@ def test_launcher_passes_global_batch_after_checking_it():
                                               "run. Fix: pick a multiple of 2 (e.g. 4 or 6)\n"), r
 
 
-@pytest.mark.parametrize("line, outcome, code", [
-    ("error: per_device_train_batch_size=48: the device ran out of memory in a training step (CUDA out of memory). "
-     "Fix: pass a smaller --per_device_train_batch_size (e.g. 24) with --global_batch 48", "out_of_memory", 3),
-    ("error: per_device_eval_batch_size=256: the device ran out of memory in an evaluation (CUDA out of memory). "
-     "Fix: pass a smaller --per_device_eval_batch_size (e.g. 128, or 64); the trained model and its records stay in "
-     "runs/fast, and the same command with it evaluates that model without training again", "out_of_memory", 3),
-    ("error: --max_seq_length 0: must be positive. Fix: e.g. 384", "refused", 2)])
-def test_a_run_that_stopped_with_its_one_line_keeps_its_status(tmp_path, line, outcome, code):
-    """torchrun ends with its own status 1 whatever rank 0 said; the launcher reads rank 0's line back:
-    out of memory is status 3 (run_qa.py's), bad input 2, each recorded as what it was."""
-    rank0 = tmp_path / "torchrun" / "run" / "attempt_0" / "0"
-    rank0.mkdir(parents=True)
-    (rank0 / "stderr.log").write_text(f"[rank0] some warning\n{line}\n")
+@pytest.mark.parametrize("ended, outcome, code", [
+    (InputError("--max_seq_length 0", "must be positive", "e.g. 384"), "refused", 2),
+    (InputError("per_device_train_batch_size=48", "the device ran out of memory in a training step",
+                "pass a smaller --per_device_train_batch_size (e.g. 24) with --global_batch 48", EXIT_OUT_OF_MEMORY),
+     "out_of_memory", 3),
+    (EXIT_INTERRUPTED, "interrupted", 143),
+    (RuntimeError("Connection closed by peer"), "failed", 1),
+    (0, "failed", 1),        # rank 0 finished, another rank did not
+    (None, "failed", 1)])    # no file: run_qa.py never ran (an import failed, a node was lost)
+def test_the_job_ends_with_the_status_its_run_wrote(tmp_path, monkeypatch, ended, outcome, code):
+    """torchrun ends with its own status 1 whatever rank 0's was: the launcher takes rank 0's status, outcome
+    and reason from the file its command wrote (qa/errors.py) and removes it; with none the job failed as it did."""
+    file = tmp_path / ".outcome-7-0.json"
+
+    @command
+    def run_qa(argv=None):
+        if isinstance(ended, Exception):
+            raise ended
+        return ended
+
+    if ended is not None:
+        monkeypatch.setenv("QA_OUTCOME_FILE", str(file))
+        with contextlib.suppress(RuntimeError):
+            run_qa()
+        said = json.loads(file.read_text())
     out = tmp_path / "out"
-    r = _launcher(f"OUTPUT={out}; JL_TORCHRUN_LOGS={tmp_path / 'torchrun'}; jl_run false")
-    assert r.returncode == code, r
-    assert line.split(": ", 1)[1] in r.stdout
+    r = _launcher(f"OUTPUT={out}; QA_OUTCOME_FILE={file}; jl_run false")  # false: torchrun's 1
+    assert r.returncode == code and not file.exists(), r
     assert [(t["outcome"], t["exit_code"]) for t in job_times(out)] == [(outcome, code)]
+    if ended is not None:
+        assert f"run_qa.py: {said['outcome']} (status {said['status']}): {said['reason']}\n" in r.stdout, r
 
 
 def test_an_output_folder_under_home_is_a_warning_where_lustre_exists(tmp_path):
@@ -587,8 +604,8 @@ def test_ft3_requeue_resumes(slurm_cluster, env_file, tmp_path, ft3_run):
     job.wait_checkpoint(10)
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job.id)
     log, _ = _check_requeued(job, ft3_run)
-    # run_qa.py exits 143; torchrun, stopped by the same SIGTERM, ends the step with 1
-    assert "interrupted by SIGTERM" in log and re.search(r"exit code [1-9]\d*, requeued", log), job.tail()
+    # run_qa.py's 143 from its outcome file, although torchrun, stopped by the same SIGTERM, ends the step with 1
+    assert "interrupted by SIGTERM" in log and "exit code 143, requeued" in log, job.tail()
     assert "restart 1: --resume auto" in log  # the requeued run resumes even after --resume never
 
 
@@ -666,11 +683,45 @@ def test_a_second_job_into_a_running_jobs_folder_is_refused(slurm_cluster, env_f
     assert info["JobState"] == "FAILED", f"{info}\n{second.tail()}"
     refusals = [line for line in second.log("err").splitlines() if "error: " in line and "run.lock" in line]
     assert len(refusals) == 1 and f"SLURM job {first.id}" in refusals[0], second.tail()
-    assert info["ExitCode"] == "2:0" and "run_qa.py refused to start: " in second.log(), second.tail()
+    assert info["ExitCode"] == "2:0" and "run_qa.py: refused (status 2): " in second.log(), second.tail()
     first.wait()
     first.completed()
     outcomes = {(t["job_id"], t["outcome"], t["exit_code"]) for t in job_times(first.out)}
     assert outcomes == {(second.id, "refused", 2), (first.id, "completed", 0)}, outcomes
+
+
+@pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.parametrize("outcome, code, more, variables, reason", [
+    ("refused", 2, ["--max_seq_length", "0"], {},
+     "max_seq_length=0: must be at least 1 (tokens per feature). Fix: use e.g. 384"),
+    ("out_of_memory", 3, ["--do_train", "false"], {"RUN_QA": "-m tests.eval_hooks oom 8 --", "PYTHONPATH": REPO},
+     "per_device_eval_batch_size=32: the device ran out of memory in an evaluation (CUDA out of memory.")])
+def test_a_refused_or_out_of_memory_run_ends_its_job_with_its_status(slurm_cluster, env_file, tmp_path, outcome, code,
+                                                                     more, variables, reason):
+    """torchrun ends with 1 whatever rank 0's status: the job ends with the run's own (2 or 3, qa/errors.py), read
+    from the file the run wrote, records it with its outcome and logs the one-line reason; the file is gone."""
+    job = submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1",
+                 args=[CONFIG, "--output_dir", str(tmp_path / "out"), *more], **variables)
+    info = job.wait(timeout=300)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == f"{code}:0", f"{info}\n{job.tail()}"
+    assert [(t["job_id"], t["outcome"], t["exit_code"]) for t in job_times(job.out)] == [(job.id, outcome, code)]
+    assert f"run_qa.py: {outcome} (status {code}): {reason}" in job.log(), job.tail()
+    assert sorted(p.name for p in job.cwd.iterdir()) == [f"bert-squad-{job.id}.err", f"bert-squad-{job.id}.out"]
+
+
+@pytest.mark.slow  # a real local SLURM cluster
+def test_an_interrupted_job_not_requeued_ends_with_the_runs_status(slurm_cluster, env_file, tmp_path):
+    """REQUEUE=0: the USR1 warning makes the run checkpoint and stop; the job ends with run_qa.py's 143 (torchrun
+    ends with 1), recorded as interrupted with the run's reason."""
+    job = submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1",
+                 args=[CONFIG, "--output_dir", str(tmp_path / "out")], REQUEUE=0)
+    job.wait_checkpoint(10)
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job.id)
+    info = job.wait(timeout=300)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "143:0" and info["Restarts"] == "0", \
+        f"{info}\n{job.tail()}"
+    assert [(t["outcome"], t["exit_code"]) for t in job_times(job.out)] == [("interrupted", 143)]
+    assert "run_qa.py: interrupted (status 143): stopped by SIGTERM" in job.log(), job.tail()
 
 
 @pytest.mark.slow  # a real local SLURM cluster

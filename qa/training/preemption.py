@@ -1,6 +1,6 @@
-"""Checkpoint on SIGTERM (SLURM's time limit or preemption; jobs/launch.sh forwards it),
-every rank stopping at the same step; run_qa.py then exits with EXIT_INTERRUPTED, and a rerun
-(`--resume auto`) continues from the checkpoint."""
+"""Checkpoint on SIGTERM (SLURM's time limit or preemption; jobs/launch.sh forwards it), every rank stopping at the
+same step; run_qa.py then exits with EXIT_INTERRUPTED (qa/errors.py), and a rerun (`--resume auto`) continues from
+the checkpoint."""
 import contextlib
 import logging
 import os
@@ -13,10 +13,6 @@ from transformers import TrainerCallback
 from qa.distributed import distributed
 
 logger = logging.getLogger(__name__)
-
-# run_qa.py's exit status when training stopped on SIGTERM after saving a checkpoint: the run is
-# unfinished and resumable (128 + SIGTERM, what a shell reports for a process ended by SIGTERM).
-EXIT_INTERRUPTED = 128 + signal.SIGTERM
 
 
 class Interrupted(Exception):
