@@ -1,14 +1,12 @@
 """What a run prints: readable in a terminal, and in a log file (a SLURM job's .out/.err).
 
-- Progress bars only on a terminal: a log file keeps tqdm's redraws as hundreds of half-lines. The bars
-  for loading and writing weights go everywhere (they flash by and, at every checkpoint, break the
-  training bar).
-- Log entries as numbers: one JSON object per entry (`{"step": 10, "loss": 4.63, ...}`), where the
-  Trainer's printer and progress callbacks print floats as strings (`'loss': '4.63'`).
+- Progress bars only on a terminal: a log file keeps tqdm's redraws as hundreds of half-lines. The bars for loading
+  and writing weights go everywhere (they flash by and, at every checkpoint, break the training bar).
+- Log entries as numbers: one JSON object per entry (`{"step": 10, "loss": 4.63, ...}`), where the Trainer's printer
+  and progress callbacks print floats as strings (`'loss': '4.63'`).
 - No pinned memory without an accelerator: torch would warn that it cannot pin anything.
-- One line per log record: where `CI` is set, transformers' loggers pass each record on to the root
-  logger's handler as well as their own; `configure_logging` keeps it to theirs.
-"""
+- One line per log record: where `CI` is set, transformers' loggers pass each record on to the root logger's handler
+  as well as their own; `configure_logging` keeps it to theirs."""
 import json
 import logging
 import math
@@ -22,8 +20,8 @@ logger = logging.getLogger(__name__)
 
 
 def configure_output(training_args, explicit: set, terminal=None) -> None:
-    """Sets the progress bars and memory pinning for where the output goes (see the module
-    docstring). `explicit`: the argument names the user gave, which are kept as given."""
+    """Sets the progress bars and memory pinning for where the output goes (see the module docstring).
+    `explicit`: the argument names the user gave, which are kept as given."""
     import datasets
 
     if terminal is None:
@@ -41,9 +39,8 @@ def configure_output(training_args, explicit: set, terminal=None) -> None:
 
 
 def configure_logging(verbose: bool) -> None:
-    """The run's log format and level (INFO when `verbose`), for its own loggers and the
-    libraries' that have none of their own. transformers keeps its handler (its level follows
-    the Trainer's --log_level) and no longer propagates (see the module docstring)."""
+    """The run's log format and level (INFO when `verbose`), for its own loggers and the libraries' that have none of
+    their own. transformers keeps its handler (its level follows the Trainer's --log_level) and no longer propagates."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         level=logging.INFO if verbose else logging.WARNING)
     transformers_logging.disable_propagation()
@@ -83,9 +80,8 @@ def log_lines_callback(training_args) -> TrainerCallback:
 
 
 def replace_log_printer(trainer, callback) -> None:
-    """Puts `callback` in place of the Trainer's printer or progress callback, through its
-    public pop_callback/add_callback; a Trainer with neither (e.g. in a notebook, whose progress
-    display is left alone) is left as it is."""
+    """Puts `callback` in place of the Trainer's printer or progress callback, through its public pop_callback/
+    add_callback; a Trainer with neither (e.g. in a notebook, whose progress display is left alone) is left as it is."""
     removed = [trainer.pop_callback(cls) for cls in (ProgressCallback, PrinterCallback)]
     if any(removed):
         trainer.add_callback(callback)

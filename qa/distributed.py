@@ -1,13 +1,9 @@
-"""The distributed stage of a run: decisions one process makes for every rank, and the switches
-that shrink the gradient communication.
-
-Some steps must happen once per run, not once per rank: taking the output folder's lock,
-choosing (and verifying) the checkpoint to resume from, moving damaged ones aside. Every rank
-must then act on the same outcome, an error included: a rank left waiting for a main rank that
-stopped would wait in its next collective until the timeout (30 minutes by default). The switches
-are PyTorch's own DDP compression hooks (--ddp_comm_hook) and the dtype FSDP reduces gradients in
-(--fsdp_reduce_dtype).
-"""
+"""The distributed stage of a run: decisions one process makes for every rank, and the switches that shrink the
+gradient communication. Some steps must happen once per run, not once per rank: taking the output folder's lock,
+choosing (and verifying) the checkpoint to resume from, moving damaged ones aside. Every rank must then act on the
+same outcome, an error included: a rank left waiting for a main rank that stopped would wait in its next collective
+until the timeout (30 minutes by default). The switches are PyTorch's own DDP compression hooks (--ddp_comm_hook)
+and the dtype FSDP reduces gradients in (--fsdp_reduce_dtype)."""
 import dataclasses
 import logging
 
@@ -34,24 +30,20 @@ def on_main_rank(fn):
     group (one process) it is just fn()."""
     if not distributed():
         return fn()
-    outcome = [None]
-    failure = None
+    outcome, failure = [None], None
     if dist.get_rank() == 0:
         try:
             outcome[0] = ("result", fn())
         except InputError as err:
-            outcome[0] = ("input error", err)
+            outcome[0] = ("error", err)
         except BaseException as err:  # still tell the others, then fail with the traceback
-            outcome[0] = ("failure", f"{type(err).__name__}: {err}")
-            failure = err
+            outcome[0], failure = ("error", RuntimeError(f"rank 0 failed: {type(err).__name__}: {err}")), err
     dist.broadcast_object_list(outcome, src=0)
     if failure is not None:
         raise failure
     kind, value = outcome[0]
-    if kind == "input error":
+    if kind == "error":
         raise value
-    if kind == "failure":
-        raise RuntimeError(f"rank 0 failed: {value}")
     return value
 
 

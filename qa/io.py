@@ -61,9 +61,8 @@ def json_error(path, exc: json.JSONDecodeError, lineno: Optional[int] = None, hi
 
 
 def read_json(path, what: str = "file"):
-    text = read_text(path, what)
     try:
-        return json.loads(text)
+        return json.loads(read_text(path, what))
     except json.JSONDecodeError as exc:
         raise json_error(path, exc) from exc
 

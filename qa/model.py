@@ -85,10 +85,9 @@ def _modules(keys) -> str:
 
 
 def loading_message(missing, unexpected, head_modules, head_params: int, training: bool):
-    """What to say about a checkpoint loaded into a QA model: (log level, message), or None when it
-    was loaded whole. A base checkpoint lacks the QA head and may hold a pooler or pre-training heads
-    QA does not use: expected when the run trains. Missing encoder weights, or a head missing from a
-    run that does not train, are warnings."""
+    """What to say about a checkpoint loaded into a QA model: (log level, message), or None when it was loaded whole. A
+    base checkpoint lacks the QA head and may hold a pooler or pre-training heads QA does not use: expected when the run
+    trains. Missing encoder weights, or a head missing from a run that does not train, are warnings."""
     head = sorted(k for k in missing if k.split(".", 1)[0] in head_modules)
     other = sorted(k for k in missing if k.split(".", 1)[0] not in head_modules)
     unused = (f"; the checkpoint's {_modules(unexpected)} ({len(unexpected)} tensors) is not part of a QA model "

@@ -68,12 +68,10 @@ class SquadFile:
 
 def read_squad(path, version_2_with_negative: Optional[bool] = None, require_answers: bool = True,
                check_answer_spans: bool = True) -> SquadFile:
-    """Read and validate one data file in any accepted format (docs/data.md).
-
-    `version_2_with_negative` None: as the file declares itself (as the official scorers do).
-    `check_answer_spans` False skips the check that each answer sits at its answer_start: scoring
-    compares answer texts, so a position that is off matters to training, not to the metric.
-    """
+    """Read and validate one data file in any accepted format (docs/data.md). `version_2_with_negative` None: as the
+    file declares itself (as the official scorers do). `check_answer_spans` False skips the check that each answer sits
+    at its answer_start: scoring compares answer texts, so a position that is off matters to training, not to the
+    metric."""
     gc_was_enabled = gc.isenabled()
     gc.disable()  # ~10^5 small objects without cycles: the cycle collector would run over and over
     try:

@@ -118,7 +118,7 @@ def _fact(rng, kind, used, person=None):
     return values
 
 
-def _paragraph(rng, n_questions, v2, next_id):
+def _paragraph(rng, n_questions, v2, ids):
     used = set()
     n_sentences = rng.randint(9, 11) if rng.random() < 0.05 else rng.randint(3, 6)
     theme = rng.sample(sorted(KINDS), rng.randint(2, 3))
@@ -146,7 +146,7 @@ def _paragraph(rng, n_questions, v2, next_id):
             continue
         seen.add(question)
         answers = [] if starts is None else [{"text": values[slot], "answer_start": starts[slot]}]
-        qas.append({"id": next_id(), "question": question, "answers": answers,
+        qas.append({"id": next(ids), "question": question, "answers": answers,
                     **({"is_impossible": starts is None} if v2 else {})})
     return {"context": context, "qas": qas}
 
@@ -159,8 +159,7 @@ def make_synthetic_squad(n_examples: int, seed: int = 0, version_2_with_negative
     """Official nested SQuAD JSON with exactly `n_examples` questions; same seed, same data. A smaller
     count gives the first questions of a larger one (none depends on how many follow)."""
     rng = random.Random(seed)
-    counter = iter(range(n_examples))
-    next_id = lambda: f"syn-{seed}-{next(counter)}"  # noqa: E731
+    ids = (f"syn-{seed}-{i}" for i in range(n_examples))
     data, remaining, titles = [], n_examples, set()
     while remaining > 0:
         article = {"title": f"The {_fresh(rng, 'C', titles)} Records", "paragraphs": []}
@@ -168,7 +167,7 @@ def make_synthetic_squad(n_examples: int, seed: int = 0, version_2_with_negative
             if remaining <= 0:
                 break
             n = min(remaining, rng.randint(3, 6))
-            article["paragraphs"].append(_paragraph(rng, n, version_2_with_negative, next_id))
+            article["paragraphs"].append(_paragraph(rng, n, version_2_with_negative, ids))
             remaining -= n
         data.append(article)
     return {"version": VERSION_2 if version_2_with_negative else VERSION_1, "data": data}

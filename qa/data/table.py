@@ -14,11 +14,8 @@ EXPECTED_COLUMNS = "id, title (optional), context, question, and answers (or ans
 def squad_features():
     """The features of the Hub's `rajpurkar/squad` (answer_start is int32 there)."""
     from datasets import Features, List as ListOf, Value
-    return Features({
-        "id": Value("string"), "title": Value("string"), "context": Value("string"),
-        "question": Value("string"),
-        "answers": {"text": ListOf(Value("string")), "answer_start": ListOf(Value("int32"))},
-    })
+    return Features({**{c: Value("string") for c in ("id", "title", "context", "question")},
+                     "answers": {"text": ListOf(Value("string")), "answer_start": ListOf(Value("int32"))}})
 
 
 @dataclass
@@ -146,10 +143,8 @@ def table_from_columns(columns: dict, path: str, require_answers: bool, locate: 
                          f"give the columns {EXPECTED_COLUMNS}")
     n = len(columns["id"])
     table = Table(where=path, locate=locate, has_answers=has_dict or has_pair)
-    table.id = [_text(v) for v in columns["id"]]
-    table.title = [_text(v) for v in columns.get("title", [""] * n)]
-    table.context = [_text(v) for v in columns["context"]]
-    table.question = [_text(v) for v in columns["question"]]
+    for name in ("id", "title", "context", "question"):  # only title may be missing
+        setattr(table, name, [_text(v) for v in columns.get(name, [""] * n)])
     if has_dict:
         table.answers = [_answers_from_value(v, table.name(i)) for i, v in enumerate(columns["answers"])]
     elif has_pair:

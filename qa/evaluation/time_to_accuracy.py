@@ -1,8 +1,7 @@
-"""Time to accuracy (throughput alone flatters a larger batch): `--eval_every` evaluates during
-training, each evaluation recording the training seconds so far, step, features seen, F1 and EM,
-on a clock that runs from the start of training (compilation and warm-up are part of the cost)
-and stops while evaluating; `--target_f1` gives the seconds to reach it. Evaluating changes
-nothing in training: QuestionAnsweringTrainer evaluates inside `rng_kept`."""
+"""Time to accuracy (throughput alone flatters a larger batch): `--eval_every` evaluates during training, each
+evaluation recording the training seconds so far, step, features seen, F1 and EM, on a clock that runs from the start of
+training (compilation and warm-up are part of the cost) and stops while evaluating; `--target_f1` gives the seconds to
+reach it. Evaluating changes nothing in training: QuestionAnsweringTrainer evaluates inside `rng_kept`."""
 import contextlib
 import logging
 import math
@@ -21,9 +20,7 @@ TAG = "eval_by_train_seconds"  # TensorBoard: F1 and EM with the training second
 
 def eval_interval(every: float, steps_per_epoch: int) -> int:
     """Optimizer steps between evaluations: `every` below 1 is a fraction of an epoch, else steps."""
-    if every < 1:
-        return max(1, round(every * steps_per_epoch))
-    return int(every)
+    return max(1, round(every * steps_per_epoch)) if every < 1 else int(every)
 
 
 def first_questions(examples, features, n: Optional[int]):
@@ -39,16 +36,13 @@ def first_questions(examples, features, n: Optional[int]):
 @contextlib.contextmanager
 def rng_kept():
     """Every random generator as it was: a pass outside training must not change what training does."""
-    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    python_state, numpy_state = random.getstate(), np.random.get_state()
     try:
-        yield
+        with torch.random.fork_rng(devices=range(torch.cuda.device_count()), device_type="cuda"):  # CPU and CUDA
+            yield
     finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
-        if states[3] is not None:
-            torch.cuda.set_rng_state_all(states[3])
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def time_to_target(evaluations: List[dict], target: float) -> dict:
@@ -85,20 +79,16 @@ class TimeToAccuracyCallback(TrainerCallback):
     def __init__(self, every: float, target_f1: Optional[float] = None, tensorboard_dir: Optional[str] = None):
         self.every, self.target_f1, self.tensorboard_dir = every, target_f1, tensorboard_dir
         self.evaluations: List[dict] = []
-        self.interval = None
-        self._training = False
-        self._writer = None
+        self.interval, self._training, self._writer = None, False, None
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        accumulation = max(int(args.gradient_accumulation_steps), 1)
+        self._accumulation = accumulation = max(int(args.gradient_accumulation_steps), 1)
         self._batches_per_epoch = len(train_dataloader) if train_dataloader is not None else None
         steps_per_epoch = math.ceil((self._batches_per_epoch or state.max_steps * accumulation) / accumulation)
         self.interval = eval_interval(self.every, steps_per_epoch)
         self._global_batch = args.per_device_train_batch_size * max(int(args.world_size), 1)
-        self._accumulation = accumulation
         self._features = len(train_dataloader.dataset) if train_dataloader is not None else None
-        self.evaluations = []
-        self.evaluation_s = 0.0
+        self.evaluations, self.evaluation_s = [], 0.0
         self._start = self._step_end = time.perf_counter()
         self._training = True
         logger.info("time to accuracy: evaluating every %d optimizer steps and at the last%s", self.interval,

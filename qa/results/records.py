@@ -76,10 +76,15 @@ def save_split_metrics(output_dir, split: str, metrics: dict) -> None:
     output_dir = Path(output_dir)
     metrics = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
     atomic_write_json(output_dir / f"{split}_results.json", metrics)
+    _merge_results(output_dir, metrics)
+
+
+def _merge_results(output_dir: Path, metrics: dict) -> dict:
+    """all_results.json updated with `metrics`, written and returned."""
     path = output_dir / "all_results.json"
-    merged = read_json(path) if path.exists() else {}
-    merged.update(metrics)
-    atomic_write_json(path, merged)
+    results = {**(read_json(path) if path.exists() else {}), **metrics}
+    atomic_write_json(path, results)
+    return results
 
 
 def device_name(env: dict) -> str:
@@ -90,9 +95,7 @@ def device_name(env: dict) -> str:
 
 def results_markdown(results: dict, env: dict) -> str:
     """The run in a short table: the figures of the steps it ran, each with the data it read (none: no row)."""
-    fmt = partial(number, results)
-
-    cfg = env["config"]
+    fmt, cfg = partial(number, results), env["config"]
     rows = [("model", cfg.get("model_name_or_path")), ("device", device_name(env)),
             ("world size", env["distributed"].get("WORLD_SIZE", "1")),
             ("SLURM job", env["slurm"].get("SLURM_JOB_ID")), ("git commit", env["git_commit"]),
@@ -206,11 +209,7 @@ def communication_rows(results: dict, fmt) -> list:
 def finish_run(output_dir, wall_clock_seconds: float, env: dict, extra=None) -> dict:
     """all_results.json completed with the wall clock and `extra` (known only at the end), and results.md."""
     output_dir = Path(output_dir)
-    path = output_dir / "all_results.json"
-    results = read_json(path) if path.exists() else {}
-    results.update(extra or {})
-    results["WALL_CLOCK_SECONDS"] = round(wall_clock_seconds, 3)
-    atomic_write_json(path, results)
+    results = _merge_results(output_dir, {**(extra or {}), "WALL_CLOCK_SECONDS": round(wall_clock_seconds, 3)})
     write_generated_data(output_dir, env["config"])
     atomic_write_text(output_dir / "results.md", results_markdown(results, env))
     if env["config"].get("do_train"):  # a trained model: how to use it, beside it

@@ -183,8 +183,7 @@ class CompileWarmupCallback(TrainerCallback):
     random generators put back. `bind(trainer)` first."""
 
     def __init__(self):
-        self.trainer = None
-        self.record = {}
+        self.trainer, self.record = None, {}
 
     def bind(self, trainer) -> None:
         self.trainer = trainer

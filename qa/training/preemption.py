@@ -1,6 +1,5 @@
-"""Checkpoint on SIGTERM (SLURM's time limit or preemption; jobs/launch.sh forwards it), every rank stopping at the
-same step; run_qa.py then exits with EXIT_INTERRUPTED (qa/errors.py), and a rerun (`--resume auto`) continues from
-the checkpoint."""
+"""Checkpoint on SIGTERM (SLURM's time limit or preemption; jobs/launch.sh forwards it), every rank stopping at the same
+step; run_qa.py then exits with EXIT_INTERRUPTED (qa/errors.py), and a rerun (`--resume auto`) continues from it."""
 import contextlib
 import logging
 import os
@@ -43,15 +42,12 @@ def interrupted_by_sigterm():
 
 
 class CheckpointOnSignalCallback(TrainerCallback):
-    """On SIGTERM: finish the optimizer step under way, save a checkpoint, stop training.
-
-    A rank that stopped alone would leave the others waiting in a collective, so the ranks agree:
-    every `check_steps` steps each starts an all-reduce (MAX) of its flag without waiting, and
-    reads it at the end of the next step, long since arrived (reading at once would stall the
-    device's stream). All stop at most check_steps + 1 steps after the signal; one process checks
-    at every step. Unlike transformers' `enable_jit_checkpoint` (each rank alone, at any step, and
-    train() returns as if finished), this is safe under DDP/FSDP and says training did not finish.
-    """
+    """On SIGTERM: finish the optimizer step under way, save a checkpoint, stop training. A rank that stopped
+    alone would leave the others waiting in a collective, so the ranks agree: every `check_steps` steps each starts
+    an all-reduce (MAX) of its flag without waiting, and reads it at the end of the next step, long since arrived
+    (reading at once would stall the device's stream). All stop at most check_steps + 1 steps after the signal; one
+    process checks at every step. Unlike transformers' `enable_jit_checkpoint` (each rank alone, at any step, and
+    train() returns as if finished), this is safe under DDP/FSDP and says training did not finish."""
 
     signals = (signal.SIGTERM,)
 
@@ -124,8 +120,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
         if state.global_step >= state.max_steps:
             return  # the last step: training ends now anyway and saves its final checkpoint
         self.stopped_at = state.global_step
-        control.should_save = True
-        control.should_training_stop = True
+        control.should_save = control.should_training_stop = True
         control.should_evaluate = False  # the time before the limit goes to the checkpoint (--eval_every asks)
         logger.warning("signal received: saving checkpoint-%d and stopping (resume with --resume auto)",
                        state.global_step)

@@ -18,10 +18,9 @@ class ProfilerCallback(TrainerCallback):
         self.dir = Path(output_dir) / PROFILE_DIR
         self.wait, self.warmup, self.active, self.repeat = wait, warmup, active, repeat
         self.with_stack, self.row_limit = with_stack, row_limit
-        self.prof = None
+        self.prof, self._cuda = None, False
         self.cycles = []  # [{"cycle": k, "global_steps": [...], "files": [...]}]
         self._recording = []  # global steps recorded in the current cycle
-        self._cuda = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -30,10 +29,9 @@ class ProfilerCallback(TrainerCallback):
         from torch.profiler import ProfilerActivity, profile, schedule
 
         self._cuda = torch.cuda.is_available() and getattr(args.device, "type", "") == "cuda"
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
         self.dir.mkdir(parents=True, exist_ok=True)
         self.prof = profile(
-            activities=activities,
+            activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else []),
             schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=self.repeat),
             on_trace_ready=self._write, record_shapes=True, profile_memory=True, with_stack=self.with_stack)
         self.prof.start()
