@@ -5,8 +5,7 @@
     python run_qa.py configs/reference.json --output_dir runs/ref
     torchrun --nproc_per_node 2 run_qa.py configs/reference.json
 
-Arguments: `python run_qa.py --help` and qa/arguments.py. What a run writes into `output_dir`: README,
-"What a run records".
+Arguments: `python run_qa.py --help` and qa/arguments.py. What a run writes: README, "What a run records".
 """
 import logging
 import os
@@ -63,8 +62,7 @@ def build_features(setup, split):
 
 @dataclass
 class RunSetup:
-    """What run() settles before anything is written: the checked arguments, the model, the questions, the
-    checkpoint to resume and where features are cached."""
+    """What run() settles before anything is written: arguments, model, questions, checkpoints, features cache."""
     model_args: object
     data_args: object
     run_args: object

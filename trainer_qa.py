@@ -1,15 +1,10 @@
-"""A `Trainer` whose evaluate() and predict() report SQuAD's exact match and F1.
-
-The model gives start/end logits per feature (window); answers are per question. So after
-the usual prediction loop (which gathers the logits of every rank), the logits are turned
-into answer texts and scored against the gold answers. Every rank does this on the same
-gathered logits and so ends with the same metrics: `load_best_model_at_end` with
-`metric_for_best_model="eval_f1"` then works under DDP, where a metric computed on rank 0
-alone leaves the other ranks without `eval_f1` (the failure of the well-known example).
-Only the main process writes prediction files. The other overrides keep evaluation in order,
-length grouping cheap, checkpoints marked complete and the final save atomic; each says why.
-tests/test_transformers_range.py checks the Trainer internals they rely on over the supported range.
-"""
+"""A `Trainer` whose evaluate() and predict() report SQuAD's exact match and F1: after the usual prediction loop
+(which gathers every rank's logits per feature), the logits become answers per question and are scored. Every rank
+does this on the same logits and ends with the same metrics, so `load_best_model_at_end` with
+`metric_for_best_model="eval_f1"` works under DDP (a metric computed on rank 0 alone, as in the well-known example,
+leaves the other ranks without it). Only the main process writes prediction files. The other overrides keep
+evaluation in order, length grouping cheap, checkpoints marked complete and the final save atomic; each says why.
+tests/test_transformers_range.py checks the Trainer internals they rely on over the supported range."""
 import contextlib
 import math
 import os
@@ -30,11 +25,9 @@ from utils_qa import PostProcessing, scores_from_examples
 class QuestionAnsweringTrainer(Trainer):
     def __init__(self, *args, eval_examples=None, post_processing: PostProcessing = PostProcessing(),
                  log_extras=None, checkpoints: Checkpoints = None, **kwargs):
-        """`eval_examples`: the questions behind `eval_dataset` (its features);
-        `post_processing`: how logits become answers (utils_qa.PostProcessing);
-        `log_extras`: a function of a log entry returning values to add to it (the run's
-        throughput figures, qa.training.telemetry.TelemetryCallback.log_values); `checkpoints`: the run's
-        Checkpoints, which mark each checkpoint saved complete."""
+        """`eval_examples`: the questions behind `eval_dataset` (its features); `post_processing`: how logits become
+        answers; `log_extras`: a function of a log entry returning values to add to it (the run's throughput figures,
+        TelemetryCallback.log_values); `checkpoints`: the run's Checkpoints, which mark each one saved complete."""
         super().__init__(*args, **kwargs)
         self.eval_examples = eval_examples
         self.post_processing = post_processing

@@ -31,10 +31,9 @@ from qa.io import atomic_write_json, read_json
 logger = logging.getLogger(__name__)
 
 
-# ---- Pre-processing: training windows are labelled with the answer's token span (CLS when they lack it);
-# evaluation windows keep their question's id and each context token's character span.
-# Every feature starts with CLS (check_tokenizer makes sure; features are padded on the right), so
-# windows without the answer, unanswerable questions and the SQuAD v2 null score all use position 0.
+# ---- Pre-processing: training windows are labelled with the answer's token span; evaluation windows keep their
+# question's id and each context token's character span. Every window starts with CLS (check_tokenizer makes sure;
+# padding goes on the right), so windows without the answer, unanswerable questions and the v2 null score use 0.
 CLS_INDEX = 0
 
 
@@ -286,8 +285,7 @@ def _group_starts(sorted_keys):
 
 def postprocess_qa_predictions(examples, features, predictions, version_2_with_negative=False, n_best_size=20,
                                max_answer_length=30, null_score_diff_threshold=0.0, output_dir=None, prefix=None):
-    """question id -> answer text, from `predictions` = (start_logits, end_logits), as the Hugging Face example
-    calls it; the files and the rest as rank_answers."""
+    """Question id -> answer text from `predictions` = (start_logits, end_logits), called as in the HF example."""
     return rank_answers(examples, features, *predictions[:2], version_2_with_negative=version_2_with_negative,
                         n_best_size=n_best_size, max_answer_length=max_answer_length,
                         null_score_diff_threshold=null_score_diff_threshold, output_dir=output_dir, prefix=prefix)[0]
@@ -368,8 +366,7 @@ def rank_answers(examples, features, all_start_logits, all_end_logits, *, versio
 
 @dataclass(frozen=True)
 class PostProcessing:
-    """The settings that turn logits into answers, and the function that applies them: all that the QA
-    Trainer needs to know of the run's data arguments."""
+    """The settings that turn logits into answers, and their function: all the Trainer needs of the data arguments."""
     version_2_with_negative: bool = False
     n_best_size: int = 20
     max_answer_length: int = 30

@@ -264,14 +264,14 @@ def check_settings(values: dict) -> list:
     return check_together(values)
 
 
-# The rules between settings, all here (the job scripts ask split_global_batch through main below).
 NEEDS = {"telemetry_window_min_s": "telemetry_window", "eval_every_questions": "eval_every", "target_f1": "eval_every"}
 IDLE_WITHOUT = {"compile_warmup": ("torch_compile", "the run does not compile: nothing to warm up"),
                 "fsdp_reduce_dtype": ("fsdp", "the run does not shard with FSDP")}
 
 
 def check_together(values: dict) -> list:
-    """InputError on a setting that means nothing without another, or does not fit it; -> notes on the idle ones."""
+    """Every rule between settings (and split_global_batch, which the job scripts ask through main): InputError on a
+    setting that means nothing without another, or does not fit it; -> notes on the ones left idle."""
     for name, needed in NEEDS.items():
         if values.get(name) is not None and values.get(needed) is None:
             raise InputError(f"{name}={_plain(values[name])}", f"means nothing without --{needed} "

@@ -1,5 +1,4 @@
 """What a run prints: readable in a terminal, and in a log file (a SLURM job's .out/.err).
-
 - Progress bars only on a terminal: a log file keeps tqdm's redraws as hundreds of half-lines. The bars for loading
   and writing weights go everywhere (they flash by and, at every checkpoint, break the training bar).
 - Log entries as numbers: one JSON object per entry (`{"step": 10, "loss": 4.63, ...}`), where the Trainer's printer

@@ -1,9 +1,8 @@
-"""The distributed stage of a run: decisions one process makes for every rank, and the switches that shrink the
-gradient communication. Some steps must happen once per run, not once per rank: taking the output folder's lock,
-choosing (and verifying) the checkpoint to resume from, moving damaged ones aside. Every rank must then act on the
-same outcome, an error included: a rank left waiting for a main rank that stopped would wait in its next collective
-until the timeout (30 minutes by default). The switches are PyTorch's own DDP compression hooks (--ddp_comm_hook)
-and the dtype FSDP reduces gradients in (--fsdp_reduce_dtype)."""
+"""The distributed stage of a run: decisions one process makes for every rank (taking the output folder's lock,
+choosing and verifying the checkpoint to resume), on whose outcome, an error included, every rank then acts (a rank
+left waiting for a main rank that stopped would wait in its next collective until the timeout, 30 minutes by
+default); and the switches that shrink the gradient communication: PyTorch's own DDP compression hooks
+(--ddp_comm_hook) and the dtype FSDP reduces gradients in (--fsdp_reduce_dtype)."""
 import dataclasses
 import logging
 

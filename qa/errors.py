@@ -1,13 +1,10 @@
-"""The project's one error type for what a user must fix, and the one way a command reports it.
-
-An `InputError`'s message is a single line that names the file, record or setting at fault and says how to fix it
-(`plural` words its counts, `short` quotes its values). Every command of the project (run_qa.py, utils_qa.py score,
-tools/prefetch.py, ...) runs its main function through `command`, which prints the message as `error: <message>` on
-stderr and exits with the error's status: 2, or the distinct status of a failure the user fixes the same way
-(EXIT_OUT_OF_MEMORY); anything else is a bug and keeps its traceback. Rank 0 writes how it ended (OUTCOMES; any other
-status: "failed") into the file QA_OUTCOME_FILE names, if any: torchrun ends with 1 whatever its workers' statuses,
-so a launcher learns it there.
-"""
+"""The project's one error type for what a user must fix, and the one way a command reports it. An InputError's
+message is one line that names the file, record or setting at fault and says how to fix it (`plural` words its
+counts, `short` quotes its values). Every command (run_qa.py, utils_qa.py score, tools/prefetch.py, ...) runs its
+main through `command`, which prints `error: <message>` on stderr and exits with the error's status: 2, or the
+distinct status of a failure the user fixes the same way (EXIT_OUT_OF_MEMORY); anything else is a bug and keeps its
+traceback. Rank 0 writes how it ended (OUTCOMES; any other status: "failed") into the file QA_OUTCOME_FILE names, if
+any: torchrun ends with 1 whatever its workers' statuses, so a launcher learns it there."""
 import functools
 import os
 import sys

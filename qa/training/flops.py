@@ -95,16 +95,15 @@ def settle_tf32() -> bool:
 
 
 def training_device(values: dict) -> tuple:
-    """(compute capability of this rank's GPU, None on a CPU or when no precision is asked; whether it trains on
-    the CPU) for the run's parsed settings: the CPU with --use_cpu or without any accelerator, as accelerate picks."""
+    """(this rank's GPU's compute capability, None on a CPU or when no precision is asked; whether it trains on the
+    CPU: with --use_cpu or without any accelerator, as accelerate picks) for the run's parsed settings."""
     import torch
 
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6; CUDA, MPS, XPU, ...
-    on_cpu = values.get("use_cpu") or not (accelerator.is_available() if accelerator else torch.cuda.is_available())
+    on_cpu = bool(values.get("use_cpu")) or not torch.accelerator.is_available()  # CUDA, MPS, XPU, ...
     asked = values.get("bf16") or values.get("tf32") or values.get("fp16")
-    if not asked or on_cpu or not torch.cuda.is_available():
-        return None, bool(on_cpu)
-    return torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK") or 0) % torch.cuda.device_count()), False
+    gpu = int(os.environ.get("LOCAL_RANK") or 0) % max(torch.cuda.device_count(), 1)
+    on_gpu = asked and not on_cpu and torch.cuda.is_available()
+    return (torch.cuda.get_device_capability(gpu) if on_gpu else None), on_cpu
 
 
 def device_precision(capability, bf16: bool, tf32, fp16: bool = False, on_cpu: bool | None = None) -> tuple:

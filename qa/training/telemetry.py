@@ -138,15 +138,14 @@ class _Counts:
 
 
 class TelemetryCallback(TrainerCallback):
-    """Measures the training loop from the inside, on its own clock, which starts at the first optimizer step:
-    what runs when training begins (a compile warm-up, other callbacks, the DataLoader's start-up) is outside it.
-    `log_values`: the `perf/*` figures since the last log entry; `summary`: the run's. Step time: `on_step_begin`
-    to `on_step_end`; data time: from the end of the previous step (or of the logging, evaluation, saving after it)
-    to the next step's begin (the Trainer synchronises with a GPU at every micro-step: host times track device
-    times). A forward pre-hook counts the real tokens of each batch inside an optimizer step. Timed window
-    (`timed_steps=(start, stop)`): the device is synchronised at the end of steps `start` and `stop`, and the steps
-    between are counted apart (`train_window_*`), with the compilations inside it; with `window_min_s` it stays
-    open past `stop` until it has lasted that long (or training ends)."""
+    """Measures the training loop from the inside, on its own clock, which starts at the first optimizer step (a
+    compile warm-up, other callbacks, the DataLoader's start-up are outside it). `log_values`: the `perf/*` figures
+    since the last log entry; `summary`: the run's. Step time: `on_step_begin` to `on_step_end`; data time: from the
+    end of the previous step (or of the logging, evaluation, saving after it) to the next step's begin (the Trainer
+    synchronises with a GPU at every micro-step: host times track device times). A forward pre-hook counts each
+    batch's real tokens. Timed window (`timed_steps=(start, stop)`): the device is synchronised at the end of steps
+    `start` and `stop`, and the steps between are counted apart (`train_window_*`) with their compilations; with
+    `window_min_s` it stays open past `stop` until it has lasted that long (or training ends)."""
 
     def __init__(self, peak_tflops=None, timed_steps=None, window_min_s=None):
         self.peak_tflops, self.timed_steps, self.window_min_s = peak_tflops, timed_steps, window_min_s
