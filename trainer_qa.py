@@ -47,9 +47,8 @@ class QuestionAnsweringTrainer(Trainer):
         dataset, name = self.train_dataset, self.args.length_column_name
         if (self.args.train_sampling_strategy == "group_by_length" and hasattr(dataset, "column_names")
                 and name in dataset.column_names):
-            lengths = dataset.with_format("arrow")[name].to_pylist()
             return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
-                                        lengths=lengths)
+                                        lengths=dataset.with_format("arrow")[name].to_pylist())
         return super()._get_train_sampler(train_dataset)
 
     def get_eval_dataloader(self, eval_dataset=None):
@@ -65,16 +64,13 @@ class QuestionAnsweringTrainer(Trainer):
     def _save_checkpoint(self, model, trial):
         # Why: the completion marker, once every rank has saved; rotation after it, so a complete one remains.
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        with self.checkpoints.saving(folder, self.state.global_step, self.args.should_save):
+            # The Trainer deletes old checkpoints (save_total_limit) as soon as it has written the new one, before
+            # the marker: a job killed in between would keep no complete checkpoint.
+            with attributes_set(self.args, save_total_limit=None):
+                super()._save_checkpoint(model, trial)
+            self.accelerator.wait_for_everyone()  # every rank's part (its RNG state, its FSDP shards) is written
         if self.args.should_save:
-            self.checkpoints.unmark(folder)
-        # The Trainer deletes old checkpoints (save_total_limit) as soon as it has written the new one, before
-        # the marker below: a job killed in between would keep no complete checkpoint.
-        with attributes_set(self.args, save_total_limit=None):
-            super()._save_checkpoint(model, trial)
-        self.accelerator.wait_for_everyone()  # every rank's part (its RNG state, its FSDP shards) is written
-        if self.args.should_save:
-            give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
-            self.checkpoints.mark(folder, self.state.global_step)
             rotate_checkpoints(output_dir=os.path.dirname(folder), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 

@@ -1,8 +1,7 @@
 """What a run prints: readable in a terminal, and in a log file (a SLURM job's .out/.err).
 - Progress bars only on a terminal: a log file keeps tqdm's redraws as hundreds of half-lines. The bars for loading
   and writing weights go everywhere (they flash by and, at every checkpoint, break the training bar).
-- Log entries as numbers: one JSON object per entry (`{"step": 10, "loss": 4.63, ...}`), where the Trainer's printer
-  and progress callbacks print floats as strings (`'loss': '4.63'`).
+- Log entries as numbers: one JSON object per entry (`{"step": 10, "loss": 4.63, ...}`), not floats as strings.
 - No pinned memory without an accelerator: torch would warn that it cannot pin anything.
 - One line per log record: where `CI` is set, transformers' loggers pass each record on to the root logger's handler
   as well as their own; `configure_logging` keeps it to theirs."""

@@ -1,12 +1,12 @@
 """Checkpoints, a run's one object for them: it chooses the checkpoint to resume from (open, once for all ranks),
-verifies it, records what its steps mean and marks a saved one complete (mark, in the trainer's _save_checkpoint).
-A checkpoint counts once it holds COMPLETE_MARKER, written atomically after every rank finished saving, so a job
-killed while saving never resumes from a torn folder. The marker lists each file's size and xxh3-128 hash
-(qa/manifest.py), so a file damaged later (a cut copy, a full disk) is caught before resuming and the next newest
-checkpoint that verifies is used. It also records what the steps mean, so that a run whose settings would change
-that is refused before anything is written, as is a run that would train no further than the checkpoint or than
-the finished run of its folder: it would overwrite that run's results with those of a run that trained less.
-docs/running.md, "Resuming"."""
+verifies it, records what its steps mean and marks a saved one complete (saving, around the trainer's save). A
+checkpoint counts once it holds COMPLETE_MARKER, written atomically after every rank saved its part, so a job killed
+while saving never resumes from a torn folder. The marker lists each file's size and xxh3-128 hash (qa/manifest.py):
+a file damaged later (a cut copy, a full disk) is caught before resuming, and the next newest checkpoint that
+verifies is used. It also records what the steps mean: a run whose settings would change that is refused before
+anything is written, as is one that would train no further than the checkpoint or the finished run of its folder (it
+would overwrite that run's results with those of a shorter one). docs/running.md, "Resuming"."""
+import contextlib
 import logging
 import re
 import shutil
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from qa.distributed import on_main_rank
 from qa.errors import InputError
-from qa.io import atomic_write_json, read_json
+from qa.io import atomic_write_json, give_new_file_modes, read_json
 from qa.manifest import check_files, record_files
 from qa.training.runlock import LOCK_NAME
 
@@ -211,10 +211,15 @@ class Checkpoints:
         atomic_write_json(Path(folder) / COMPLETE_MARKER,
                           {"format": 2, "global_step": global_step, "files": files, "run": self.run})
 
-    @staticmethod
-    def unmark(folder) -> None:
-        """`folder` is incomplete until marked again (the same step saved anew)."""
-        (Path(folder) / COMPLETE_MARKER).unlink(missing_ok=True)
+    @contextlib.contextmanager
+    def saving(self, folder, global_step: int, writer: bool):
+        """Around a checkpoint's save by every rank: incomplete while written, then marked complete by the `writer`."""
+        if writer:
+            (Path(folder) / COMPLETE_MARKER).unlink(missing_ok=True)
+        yield
+        if writer:
+            give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
+            self.mark(folder, global_step)
 
     @staticmethod
     def verify(folder):
