@@ -6,6 +6,7 @@ distinct status of a failure the user fixes the same way (EXIT_OUT_OF_MEMORY); a
 traceback. Rank 0 writes how it ended (OUTCOMES; any other status: "failed") into the file QA_OUTCOME_FILE names, if
 any: torchrun ends with 1 whatever its workers' statuses, so a launcher learns it there."""
 import functools
+import json
 import os
 import sys
 
@@ -54,8 +55,10 @@ def command(main):
             status = 0
         finally:
             if (path := os.environ.get("QA_OUTCOME_FILE")) and os.environ.get("RANK", "0") == "0":
-                from qa.io import atomic_write_json  # not at the top: qa.io raises InputError
                 outcome, default = OUTCOMES.get(status, ("failed", f"exit status {status}"))
-                atomic_write_json(path, {"status": status, "outcome": outcome, "reason": reason or default})
+                # Written whole, then renamed: here and not with qa.io, which stands on this module
+                with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+                    json.dump({"status": status, "outcome": outcome, "reason": reason or default}, f)
+                os.replace(f"{path}.{os.getpid()}.tmp", path)
         return status
     return run
