@@ -181,8 +181,7 @@ def check_inputs(ids, feature_example_ids, start_logits, end_logits, n_best_size
 
 
 def warn_featureless(ids, featureless) -> None:
-    missing = [i for i, none in zip(ids, featureless) if none]
-    if missing:
+    if missing := [i for i, none in zip(ids, featureless) if none]:
         logger.warning("%d example(s) have no features, so an empty prediction (e.g. %r): were "
                        "some windows dropped?", len(missing), missing[0])
 

@@ -36,8 +36,8 @@ def short(value, limit: int = 60) -> str:
 
 
 def command(main):
-    """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and its exit status;
-    argparse's --help (help printed, then SystemExit(0)) returns 0 like any finished command."""
+    """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and its exit status; --help
+    returns 0."""
     @functools.wraps(main)
     def run(*args, **kwargs):
         status, reason = 1, ""
@@ -56,8 +56,7 @@ def command(main):
         finally:
             if (path := os.environ.get("QA_OUTCOME_FILE")) and os.environ.get("RANK", "0") == "0":
                 outcome, default = OUTCOMES.get(status, ("failed", f"exit status {status}"))
-                # Written whole, then renamed: here and not with qa.io, which stands on this module
-                with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+                with open(f"{path}.{os.getpid()}.tmp", "w") as f:  # whole, then renamed; not with qa.io, above us
                     json.dump({"status": status, "outcome": outcome, "reason": reason or default}, f)
                 os.replace(f"{path}.{os.getpid()}.tmp", path)
         return status
