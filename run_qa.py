@@ -14,7 +14,6 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import psutil
 import torch
 from transformers import default_data_collator, set_seed
 
@@ -23,14 +22,15 @@ from qa.console import configure_logging, configure_output
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
 from qa.data.sources import load_raw_datasets
-from qa.distributed import close_process_group, on_main_rank
+from qa.distributed import close_process_group, every_rank, on_main_rank
 from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command
 from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
 from qa.results.records import environment_record, finish_run, save_split_metrics, write_environment
+from qa.results.wall_clock import PhaseClock
 from qa.training.callbacks import install, run_callbacks, summary
 from qa.training.checkpoints import Checkpoints
-from qa.training.compile import compile_outcome
+from qa.training.compile import compile_outcome, record_compile_cache
 from qa.training.flops import settle_tf32
 from qa.training.preemption import Interrupted, interrupted_by_sigterm
 from qa.training.runlock import RunLock
@@ -62,7 +62,8 @@ def build_features(setup, split):
 
 @dataclass
 class RunSetup:
-    """What run() settles before anything is written: arguments, model, questions, checkpoints, features cache."""
+    """What run() settles before anything is written: arguments, model, questions, checkpoints, features cache;
+    and the clock of its phases."""
     model_args: object
     data_args: object
     run_args: object
@@ -72,10 +73,12 @@ class RunSetup:
     examples: dict
     checkpoints: Checkpoints
     cache_root: Path
+    clock: PhaseClock
 
 
 def run(argv, callbacks=()):
     """`callbacks`: more for the Trainer, e.g. a benchmark's (bench/timed_run.py)."""
+    clock = PhaseClock()
     model_args, data_args, run_args, training_args, explicit = parse_args(argv)  # every setting checked
     # Reading should_log sets up the devices and, in a distributed run, the process group that finalize (the
     # world size) and on_main_rank below need. Logging is configured first so that finalize's notes are shown.
@@ -91,26 +94,31 @@ def run(argv, callbacks=()):
     on_main_rank(lock.acquire)
     try:
         # Everything else that can reject the user's input runs before anything is written.
-        raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
+        clock.since_start("startup")
+        with clock.phase("data_loading"):
+            raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
+            limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+                      "test": data_args.max_predict_samples}
+            examples = {s: select_examples(raw[s], limits[s]) for s in raw}
         cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
         set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
         def check(model, tokenizer):  # on the configuration, before the weights are read
             check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
             check_model_and_tokenizer(model, tokenizer, data_args)
 
-        model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, training=training_args.do_train,
-                                                    compile=training_args.torch_compile, check=check)
-        limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
-                  "test": data_args.max_predict_samples}
-        examples = {s: select_examples(raw[s], limits[s]) for s in raw}
-        # Before anything is written, once for all ranks: the checkpoint to resume, verified and fit to this run.
-        checkpoints = Checkpoints.open(model.config, training_args, data_args, run_args.resume, examples.get("train"))
-        if checkpoints.trained_here:  # the training ended there: its model is evaluated, as it is
-            model, tokenizer = load_model_and_tokenizer(
-                replace(model_args, model_name_or_path=training_args.output_dir, tokenizer_name=None),
-                work_dir=cache_root, training=False, compile=training_args.torch_compile)
+        with clock.phase("model_loading"):
+            model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, check=check,
+                                                        training=training_args.do_train,
+                                                        compile=training_args.torch_compile)
+            # Before anything is written, once for all ranks: the checkpoint to resume, verified and fit to this run.
+            checkpoints = Checkpoints.open(model.config, training_args, data_args, run_args.resume,
+                                           examples.get("train"))
+            if checkpoints.trained_here:  # the training ended there: its model is evaluated, as it is
+                model, tokenizer = load_model_and_tokenizer(
+                    replace(model_args, model_name_or_path=training_args.output_dir, tokenizer_name=None),
+                    work_dir=cache_root, training=False, compile=training_args.torch_compile)
         return _train_and_evaluate(RunSetup(model_args, data_args, run_args, training_args, model, tokenizer, examples,
-                                            checkpoints, cache_root), callbacks)
+                                            checkpoints, cache_root, clock), callbacks)
     finally:
         lock.release()
 
@@ -140,14 +148,14 @@ def _train_and_evaluate(setup, extra_callbacks):
     """Features, the Trainer and its callbacks; trains, evaluates, predicts and records: the run's exit status."""
     args, data = setup.training_args, setup.data_args
     train = args.do_train and not setup.checkpoints.trained_here
-    features = {s: build_features(setup, s) for s in setup.examples if s != "train" or train}
-
     collator = default_data_collator
-    if not data.pad_to_max_length:  # dynamic padding, to a few lengths (qa/data/collate.py)
-        collator = BucketPaddingCollator(setup.tokenizer, data.max_seq_length, data.pad_to_multiple_of,
-                                         data.length_buckets)
-        if "train" in features and args.train_sampling_strategy == "group_by_length":
-            features["train"] = add_length_column(features["train"])  # lengths for the sampler, read at once
+    with setup.clock.phase("features"):
+        features = {s: build_features(setup, s) for s in setup.examples if s != "train" or train}
+        if not data.pad_to_max_length:  # dynamic padding, to a few lengths (qa/data/collate.py)
+            collator = BucketPaddingCollator(setup.tokenizer, data.max_seq_length, data.pad_to_multiple_of,
+                                             data.length_buckets)
+            if "train" in features and args.train_sampling_strategy == "group_by_length":
+                features["train"] = add_length_column(features["train"])  # lengths for the sampler, read at once
     callbacks = run_callbacks(setup.run_args, args)
     extra = list(extra_callbacks)
     if setup.run_args.measure_communication:  # the scaling study's instrument: opt-in, and kept with the study
@@ -155,22 +163,24 @@ def _train_and_evaluate(setup, extra_callbacks):
 
         extra.append(CommunicationMeasurement())
     telemetry = callbacks.get("telemetry")
-    trainer = QuestionAnsweringTrainer(
-        model=setup.model, args=args, train_dataset=features.get("train"),
-        eval_dataset=features.get("validation"), eval_examples=setup.examples.get("validation"),
-        processing_class=setup.tokenizer, data_collator=collator, post_processing=PostProcessing.from_args(data),
-        log_extras=telemetry.log_values if telemetry else None, checkpoints=setup.checkpoints)
+    with setup.clock.phase("model_loading"):  # the Trainer places the model on its device
+        trainer = QuestionAnsweringTrainer(
+            model=setup.model, args=args, train_dataset=features.get("train"),
+            eval_dataset=features.get("validation"), eval_examples=setup.examples.get("validation"),
+            processing_class=setup.tokenizer, data_collator=collator, post_processing=PostProcessing.from_args(data),
+            log_extras=telemetry.log_values if telemetry else None, checkpoints=setup.checkpoints, clock=setup.clock)
     install(trainer, [*callbacks.values(), *extra], setup.run_args)
 
     out = args.output_dir
     main = trainer.is_world_process_zero()
     if main:  # the record runs git and asks every GPU: rank 0's alone is written
-        env = environment_record({**asdict(setup.model_args), **asdict(data), **asdict(setup.run_args),
-                                  **args.to_dict()})
-        write_environment(out, env)
+        with setup.clock.phase("saving"):
+            env = environment_record({**asdict(setup.model_args), **asdict(data), **asdict(setup.run_args),
+                                      **args.to_dict()})
+            write_environment(out, env)
 
     if train:
-        with evaluated_during_training(trainer, setup.run_args.eval_every_questions):
+        with evaluated_during_training(trainer, setup.run_args.eval_every_questions), setup.clock.phase("training"):
             try:
                 result = trainer.train(resume_from_checkpoint=setup.checkpoints.resume_from)
             except EvaluationOutOfMemory as err:  # in an evaluation during training (--eval_every)
@@ -185,49 +195,55 @@ def _train_and_evaluate(setup, extra_callbacks):
             logger.warning("interrupted by SIGTERM (on this or another rank): checkpoint-%d saved in %s; "
                            "rerun (--resume auto) to continue", stopped_at, out)
             return EXIT_INTERRUPTED
-        trainer.save_model()
         metrics = dict(result.metrics)
         metrics.update(train_throughput(metrics, token_stats(features["train"]), len(setup.examples["train"])))
         metrics.update(summary([*callbacks.values(), *extra]))
-        if main:
-            save_split_metrics(out, "train", metrics)
-            if "time_to_accuracy" in callbacks:
-                atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks["time_to_accuracy"].record())
-            trainer.save_state()  # last: trainer_state.json in output_dir says the training ended (its progress)
+        with setup.clock.phase("saving"):
+            trainer.save_model()
+            if main:
+                save_split_metrics(out, "train", metrics)
+                if "time_to_accuracy" in callbacks:
+                    atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks["time_to_accuracy"].record())
+                trainer.save_state()  # last: trainer_state.json in output_dir says the training ended (its progress)
     # From here on the trained model and its records stay as they are whatever happens: a rerun of the same
     # command evaluates that model without training (qa.training.checkpoints.Checkpoints.choose).
     then = (f"the trained model and its records stay in {out}, and the same command with it evaluates that model "
             "without training again" if args.do_train else "rerun with it")
     try:
         with interrupted_by_sigterm():
-            _evaluate(trainer, features, setup.examples, args, main)
+            _evaluate(trainer, features, setup.examples, args, main, setup.clock)
     except torch.OutOfMemoryError as err:
         raise out_of_memory(args, err, then) from None
     except Interrupted:  # nothing to checkpoint: the evaluation is done again by the rerun
         logger.warning("interrupted by SIGTERM during the evaluation%s: rerun the same command to evaluate",
                        f" (the trained model stays in {out})" if args.do_train else "")
         return EXIT_INTERRUPTED
+    ranks = every_rank(setup.clock.seconds)
     if main:
         compiled = {"compiled": compile_outcome()} if args.torch_compile else {}
-        # The wall clock from the process's start: imports are part of a job's cost.
-        results = finish_run(out, time.time() - psutil.Process().create_time(), env, compiled)
+        if compiled.get("compiled") == "yes":  # what the next jobs may reuse
+            record_compile_cache()
+        wall = time.time() - setup.clock.started  # from the process's start: imports are part of a job's cost
+        results = finish_run(out, wall, env, {**compiled, "wall_clock_breakdown": setup.clock.breakdown(wall, ranks)})
         logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
     close_process_group()
     return 0
 
 
-def _evaluate(trainer, features, examples, training_args, main):
+def _evaluate(trainer, features, examples, training_args, main, clock):
     out = training_args.output_dir
     if training_args.do_eval:
-        metrics = trainer.evaluate()
-        if main:
-            save_split_metrics(out, "eval", metrics)
+        with clock.phase("final_evaluation"):
+            metrics = trainer.evaluate()
+            if main:
+                save_split_metrics(out, "eval", metrics)
         logger.info("eval: EM %.2f F1 %.2f", metrics.get("eval_exact_match", float("nan")),
                     metrics.get("eval_f1", float("nan")))
     if training_args.do_predict:
-        _, metrics = trainer.predict(features["test"], examples["test"])
-        if main:
-            save_split_metrics(out, "predict", metrics)
+        with clock.phase("prediction"):
+            _, metrics = trainer.predict(features["test"], examples["test"])
+            if main:
+                save_split_metrics(out, "predict", metrics)
 
 
 def out_of_memory(args, error, then=None) -> InputError:

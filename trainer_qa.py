@@ -18,21 +18,24 @@ from transformers.trainer_utils import rotate_checkpoints, speed_metrics
 
 from qa.training.checkpoints import Checkpoints
 from qa.io import give_new_file_modes
+from qa.results.wall_clock import PhaseClock
 from qa.evaluation.time_to_accuracy import first_questions, rng_kept
 from utils_qa import PostProcessing, scores_from_examples
 
 
 class QuestionAnsweringTrainer(Trainer):
     def __init__(self, *args, eval_examples=None, post_processing: PostProcessing = PostProcessing(),
-                 log_extras=None, checkpoints: Checkpoints = None, **kwargs):
+                 log_extras=None, checkpoints: Checkpoints = None, clock: PhaseClock = None, **kwargs):
         """`eval_examples`: the questions behind `eval_dataset` (its features); `post_processing`: how logits become
         answers; `log_extras`: a function of a log entry returning values to add to it (the run's throughput figures,
-        TelemetryCallback.log_values); `checkpoints`: the run's Checkpoints, which mark each one saved complete."""
+        TelemetryCallback.log_values); `checkpoints`: the run's Checkpoints, which mark each one saved complete;
+        `clock`: the run's PhaseClock, which times the evaluations and checkpoints inside the training."""
         super().__init__(*args, **kwargs)
         self.eval_examples = eval_examples
         self.post_processing = post_processing
         self.log_extras = log_extras
         self.checkpoints = checkpoints or Checkpoints(self.args.output_dir)
+        self.clock = clock or PhaseClock()
 
     def log(self, logs, start_time=None):
         # Why: Trainer.log stores `logs` before callbacks see them, so the run's figures join here (documented).
@@ -64,7 +67,7 @@ class QuestionAnsweringTrainer(Trainer):
     def _save_checkpoint(self, model, trial):
         # Why: the completion marker, once every rank has saved; rotation after it, so a complete one remains.
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        with self.checkpoints.saving(folder, self.state.global_step, self.args.should_save):
+        with self.clock.phase("saving"), self.checkpoints.saving(folder, self.state.global_step, self.args.should_save):
             # The Trainer deletes old checkpoints (save_total_limit) as soon as it has written the new one, before
             # the marker: a job killed in between would keep no complete checkpoint.
             with attributes_set(self.args, save_total_limit=None):
@@ -98,7 +101,9 @@ class QuestionAnsweringTrainer(Trainer):
         # Why: SQuAD's metrics are per question, from the logits of all its features (post-processing).
         features = eval_dataset if eval_dataset is not None else self.eval_dataset
         examples = eval_examples if eval_examples is not None else self.eval_examples
-        with rng_kept():  # an evaluation during training must leave its random streams (sampling, dropout) alone
+        # is_in_train: the Trainer's own flag (no public API says whether train() is running)
+        phase = "evaluation_during_training" if self.is_in_train else "final_evaluation"
+        with self.clock.phase(phase), rng_kept():  # during training: leave its random streams alone
             _, metrics = self._predict_and_score(self.get_eval_dataloader(features), features, examples,
                                                  ignore_keys, metric_key_prefix, "Evaluation", files_prefix=None)
         self.log(metrics)

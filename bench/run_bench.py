@@ -158,7 +158,7 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-").replace("--", "-")[:40]
 
 
-def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
+def run_variant(name, args, size, model_dir, work, on_gpu, peak, log, extra_args=()):
     settings, notes = variant_settings(name, on_gpu, args.cpu_compile)
     # every variant sets its batch (REFERENCE, configs/fast.json): nothing falls back to a default
     batch = int(settings["per_device_train_batch_size"]) * int(settings.get("gradient_accumulation_steps", 1))
@@ -185,7 +185,7 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log):
         "--output_dir", str(out), "--resume", "never",
         "--report_to", "none", "--save_strategy", "no", "--logging_steps", "100000", "--disable_tqdm", "true",
         "--seed", "42", "--features_cache_dir", str(work / "features"),
-        *to_flags(settings),
+        *to_flags(settings), *extra_args,
     ]
     if peak:  # one yardstick for every variant: the device's dense bf16 peak
         argv += ["--peak_tflops", f"{peak / 1e12:g}"]

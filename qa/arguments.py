@@ -148,6 +148,8 @@ class ModelArguments:
     compile_dynamic: str = arg("auto", help="With --torch_compile: 'true': symbolic shapes from the start; 'false': "
                                "one graph per shape.", choices=["auto", "true", "false"])
     compile_regional: bool = arg(False, help="With --torch_compile: compile one encoder layer, reused by all.")
+    compile_cache_dir: str | None = arg(None, Folder("where compiled code is kept for the next jobs, default in the "
+                                                     "features cache", "give a folder on a shared file system"))
 
 
 @dataclass

@@ -46,6 +46,15 @@ def on_main_rank(fn):
     return value
 
 
+def every_rank(value) -> list:
+    """`value` of every rank, rank 0's first; [value] without a process group."""
+    if not distributed():
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def close_process_group():
     """End a run's process group on every rank together. Without it a rank that finished first
     tore its connections down while rank 0 was still writing the results: on gloo that rank

@@ -182,7 +182,7 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     if compile:
         from qa.training.compile import configure_compile, fall_back_when_compile_fails, keep_mask_when_compiled
 
-        configure_compile(model_args)
+        configure_compile(model_args, work_dir)
         keep_mask_when_compiled(model)
         fall_back_when_compile_fails()
     return model, tokenizer

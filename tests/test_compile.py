@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, minilm_tokenizer
+from tests.helpers import REPO, minilm_tokenizer, run_qa, running
 
 needs_compile = pytest.mark.skipif(os.environ.get("QA_TEST_COMPILE") == "0", reason="QA_TEST_COMPILE=0")
 QUESTION = "what is here?"
@@ -257,3 +257,41 @@ def test_compile_outcome_reads_dynamo_counters():
     finally:
         torch._dynamo.reset()
     assert outcome.startswith("fell back: the recompile limit was hit"), outcome
+
+
+COMPILED_TINY = [str(REPO / "configs" / "smoke_tiny.json"), "--max_steps", "4", "--save_strategy", "no",
+                 "--synthetic_eval_examples", "10", "--pad_to_max_length", "true", "--max_seq_length", "64",
+                 "--doc_stride", "16", "--max_query_length", "16", "--torch_compile", "true",
+                 "--compile_dynamic", "false", "--compile_warmup", "true"]
+
+
+@pytest.mark.slow
+def test_the_compile_cache_is_shared_reused_and_mended(tmp_path):
+    """--compile_cache_dir: two jobs compiling into it at once both finish compiled; a later job loads every graph
+    from it (no FX graph compiled again); a damaged file (a module cut short) is removed and compiled again."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    cache = tmp_path / "compile_cache"
+    args = lambda name: [*COMPILED_TINY, "--compile_cache_dir", str(cache), "--output_dir", str(tmp_path / name)]
+
+    def finished(name, returncode, stderr):
+        assert returncode == 0, stderr[-3000:]
+        res = json.loads((tmp_path / name / "all_results.json").read_text())
+        assert res["compiled"] == "yes", res["compiled"]
+        return res["train_setup"]["compile"]
+
+    logs = {name: open(tmp_path / f"{name}.log", "w+") for name in "ab"}  # no pipe to fill while both run
+    with running(args("a"), env, stdout=logs["a"], stderr=logs["a"]) as a, \
+            running(args("b"), env, stdout=logs["b"], stderr=logs["b"]) as b:
+        for name, proc in (("a", a), ("b", b)):
+            finished(name, proc.wait(timeout=900), (tmp_path / f"{name}.log").read_text())
+    assert (cache / "verified.json").is_file()
+
+    proc = run_qa(args("warm"), env)
+    stats = finished("warm", proc.returncode, proc.stderr)
+    assert stats["fxgraph_cache_hit"] > 0 and stats["fxgraph_cache_miss"] == 0, stats
+
+    for path in cache.rglob("*.py"):
+        path.write_text(path.read_text()[:40])  # torch alone would run eagerly after such a module
+    proc = run_qa(args("mended"), env)
+    finished("mended", proc.returncode, proc.stderr)
+    assert "damaged file(s) removed" in proc.stderr

@@ -81,6 +81,20 @@ def test_run_records_everything(trained):
         tags |= set(acc.Tags()["scalars"])
     assert {"train/loss", "train/learning_rate", "train/grad_norm"} <= tags, tags
     assert "eval F1" in (out / "results.md").read_text()
+    assert_breakdown_adds_up(out, training=True)
+
+
+def assert_breakdown_adds_up(out, training):
+    """all_results.json's wall_clock_breakdown: every phase, adding up to the wall clock within 5%, in results.md."""
+    from qa.results.wall_clock import PHASES
+
+    res = results(out)
+    phases, wall = res["wall_clock_breakdown"], res["WALL_CLOCK_SECONDS"]
+    assert set(PHASES) <= set(phases) and all(phases[p] >= 0 for p in PHASES), phases
+    assert abs(sum(phases[p] for p in PHASES) - wall) <= 0.05 * wall, (phases, wall)
+    assert phases["startup"] > 0 and phases["features"] > 0 and phases["final_evaluation"] > 0
+    assert (phases["training"] > 0) == training
+    assert f"| training | {phases['training']:.1f} |" in (out / "results.md").read_text()
 
 
 @pytest.mark.slow
@@ -146,6 +160,9 @@ def test_torchrun_two_processes_match_single_process(tmp_path, tmp_path_factory)
     # The loss is the Trainer's: each rank's batch mean, and the sampler repeats a feature to
     # give both ranks equal shares, so it is close but not equal. The answers are exact.
     assert results(ddp)["eval_loss"] == pytest.approx(results(single)["eval_loss"], rel=0.01)
+    assert_breakdown_adds_up(ddp, training=True)  # under torchrun: rank 0's, and every rank's phases gathered
+    assert_breakdown_adds_up(single, training=False)
+    assert results(single)["wall_clock_breakdown"]["prediction"] > 0
 
 
 def _write(path, obj):

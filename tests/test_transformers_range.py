@@ -66,6 +66,8 @@ CONTRACTS = {
         lambda t: _params(speed_metrics)[:4] == ["split", "start_time", "num_samples", "num_steps"],
     "LengthGroupedSampler(batch_size, lengths=...)":
         lambda t: {"batch_size", "lengths"} <= set(_params(LengthGroupedSampler.__init__)),
+    "Trainer.is_in_train, set by train() while it runs (the clock of evaluations during training)":
+        lambda t: _uses(t.train, "self.is_in_train = True") and _uses(t.__init__, "self.is_in_train = False"),
     "TrainingArguments.train_sampling_strategy, length_column_name, save_total_limit":
         lambda t: {"train_sampling_strategy", "length_column_name", "save_total_limit"}
         <= set(TrainingArguments.__dataclass_fields__),

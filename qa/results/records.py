@@ -12,6 +12,7 @@ from qa.data.sources import split_source
 from qa.data.synthetic import synthetic_squad
 from qa.io import atomic_write_json, atomic_write_text, read_json
 from qa.results.model_card import number, trained_with, write_model_card
+from qa.results.wall_clock import breakdown_lines
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
@@ -140,6 +141,8 @@ def results_markdown(results: dict, env: dict) -> str:
     lines = ["# Run summary", "", f"Finished {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
              f"on {env['host']}.", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
+    if "wall_clock_breakdown" in results:
+        lines += breakdown_lines(results["wall_clock_breakdown"], results["WALL_CLOCK_SECONDS"])
     lines += ["", "Every figure above is in `all_results.json`; the full configuration and versions are in "
               "`environment.json`.", ""]
     return "\n".join(lines)

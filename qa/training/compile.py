@@ -5,7 +5,9 @@ import inspect
 import itertools
 import logging
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch._dynamo
@@ -15,7 +17,10 @@ from transformers import AttentionInterface, AttentionMaskInterface, TrainerCall
 from transformers.masking_utils import sdpa_mask
 
 from qa.data.collate import feature_lengths
+from qa.errors import InputError
 from qa.evaluation.time_to_accuracy import rng_kept
+from qa.io import atomic_write_json, read_json
+from qa.manifest import check_files, record_files
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +30,18 @@ STATIC_RECOMPILE_LIMIT = 64
 SDPA_WITH_MASK = "sdpa_with_mask"
 
 
-def configure_compile(model_args) -> None:
+def configure_compile(model_args, features_cache) -> None:
     """--compile_dynamic and --compile_regional, as the ACCELERATE_DYNAMO_* variables from which accelerate's
-    TorchDynamoPlugin fills the fields the Trainer leaves unset."""
+    TorchDynamoPlugin fills the fields the Trainer leaves unset; torch's compile caches (inductor's FX graphs,
+    AOTAutograd's, Triton's kernels) in --compile_cache_dir, or in the features cache: on a cluster both live on the
+    shared file system, where the next job, on any node, finds them (torch's default, /tmp, is per node and wiped).
+    torch writes each entry atomically; a file damaged since is removed first (drop_damaged), for torch to rebuild."""
+    cache = Path(model_args.compile_cache_dir or Path(features_cache) / "torch_compile").expanduser().resolve()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TRITON_CACHE_DIR"] = str(cache), str(cache / "triton")
+    if cache.is_relative_to(tempfile.gettempdir()):
+        logger.warning("the compile cache %s is under %s: a job on another node will compile again (set "
+                       "--compile_cache_dir or HF_HOME to a shared file system)", cache, tempfile.gettempdir())
+    drop_damaged(cache)
     dynamic = model_args.compile_dynamic
     if dynamic != "auto":
         os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] = dynamic
@@ -39,6 +53,39 @@ def configure_compile(model_args) -> None:
         # Sizes equal when traced (48 features of 48 tokens) would share one symbol ("duck sizing"),
         # and the graph would recompile at the first batch where they differ.
         shapes.use_duck_shape = False
+
+
+CACHE_RECORD = "verified.json"  # in the compile cache: each file's size and hash when a compiled run ended well
+
+
+def drop_damaged(cache: Path) -> None:
+    """Removes the compile cache's files that no longer match their record (a cut copy, a file changed on the shared
+    file system): torch recompiles a graph entry it cannot unpickle, but runs eagerly after a damaged module."""
+    recorded = _recorded(cache)
+    damaged = [name for name, entry in recorded.items()
+               if (cache / name).is_file() and check_files(cache, {name: entry}) is not None]
+    for name in damaged:
+        (cache / name).unlink(missing_ok=True)
+    if damaged:
+        logger.warning("compile cache %s: %d damaged file(s) removed (e.g. %s), compiled again", cache, len(damaged),
+                       damaged[0])
+
+
+def record_compile_cache() -> None:
+    """After a run whose compilation went well: the size and hash of every file in its compile cache, merged with
+    what other jobs recorded (a file another job adds meanwhile is simply not checked)."""
+    cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    files = {name: entry for name, entry in record_files(cache, skip=(CACHE_RECORD,)).items()
+             if not name.startswith("locks/")}  # torch's lock files, empty and rewritten
+    atomic_write_json(cache / CACHE_RECORD, {**_recorded(cache), **files})
+
+
+def _recorded(cache: Path) -> dict:
+    try:
+        recorded = read_json(cache / CACHE_RECORD)
+    except InputError:  # none yet, or unreadable: nothing to check against
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
 
 
 def _sdpa_mask_always(*args, **kwargs):
@@ -102,7 +149,10 @@ def _count_recompile(start):
 def compile_stats(since=None) -> dict:
     """What torch.compile has done so far in this process (torch._dynamo's counters), or after `since` (an earlier
     reading); `recompiles` is counted from the first call on by a hook (registered again after a reset)."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    def seconds(timer):  # one of torch's own compile timers
+        return sum(compilation_time_metrics.get(timer, ()))
 
     handler = torch._dynamo.callback_handler
     if _count_recompile not in handler.start_callbacks:
@@ -113,7 +163,15 @@ def compile_stats(since=None) -> dict:
              "recompiles": _RECOMPILES["count"], "graph_breaks": int(sum(counters["graph_break"].values())),
              # a frame past the limit runs eagerly from then on; dynamo files it under the "unimplemented" counters
              "recompile_limit_hits": int(sum(n for msg, n in counters["unimplemented"].items()
-                                             if "recompile limit" in msg.lower()))}
+                                             if "recompile limit" in msg.lower())),
+             # what came from the compile cache (compile_cache_dir) and what had to be compiled
+             **{f"{name}_{outcome}": int(counters[kind].get(f"{name}_{outcome}", 0))
+                for kind, name in (("inductor", "fxgraph_cache"), ("aot_autograd", "autograd_cache"))
+                for outcome in ("hit", "miss")},
+             # seconds (torch's own timers, cache loads included): dynamo tracing frames, then the backends
+             # (AOTAutograd, inductor) compiling their graphs, the backward's when it first runs
+             "tracing_s": round(seconds("_compile.compile_inner") - seconds("OutputGraph.call_user_compiler"), 3),
+             "compiling_s": round(seconds("OutputGraph.call_user_compiler") + seconds("backward._backward_impl"), 3)}
     return stats if since is None else {k: v - since[k] for k, v in stats.items()}
 
 
@@ -193,7 +251,7 @@ class CompileWarmupCallback(TrainerCallback):
         started, before = time.perf_counter(), compile_stats()
         shapes = training_shapes(trainer)
         model = trainer.model_wrapped
-        with rng_kept():
+        with trainer.clock.phase("compile_warmup"), rng_kept():
             for _, rows in shapes:
                 forward_backward(trainer, model, collate_rows(trainer, rows))
             model.zero_grad(set_to_none=True)
@@ -202,6 +260,8 @@ class CompileWarmupCallback(TrainerCallback):
         self.record = {"compile_warmup_shapes": [[len(rows), width] for width, rows in shapes],
                        "compile_warmup_s": round(seconds, 3),
                        "compile_warmup_compiles": compiled.get("compiles"),
+                       "compile_warmup_tracing_s": round(compiled["tracing_s"], 3),
+                       "compile_warmup_compiling_s": round(compiled["compiling_s"], 3),
                        "compile_warmup_recompiles": compiled.get("recompiles")}
         logger.info("compile warm-up: %d batch shapes (batch x width) in %.1f s, %s compilations", len(shapes),
                     seconds, compiled.get("compiles"))
