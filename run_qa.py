@@ -14,6 +14,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from qa.errors import require_packages
+
+require_packages("torch", "transformers", "datasets", "accelerate")  # before importing them: one line, no traceback
 import torch
 from transformers import default_data_collator, set_seed
 

@@ -19,13 +19,15 @@ import string
 import sys
 from dataclasses import asdict, dataclass, fields
 
+from qa.errors import InputError, command, require_packages
+
+require_packages("numpy", "pyarrow", "datasets")  # before importing them: one line, no traceback
 import numpy as np
 import pyarrow as pa
 
 from qa.arguments import check_window
 from qa.data.sources import read_squad
 from qa.data.synthetic import VERSION_1 as SYNTHETIC_V1
-from qa.errors import InputError, command
 from qa.io import atomic_write_json, read_json
 
 logger = logging.getLogger(__name__)

@@ -35,6 +35,19 @@ def short(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 4] + "..." + text[-1]  # keep the closing quote or bracket
 
 
+def require_packages(*names) -> None:
+    """One line and status 2, not a traceback, when this Python lacks the project's packages: a shell in which the
+    project's environment is not active. Before they are imported; find_spec imports nothing."""
+    import importlib.util
+
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.stderr.write(f"error: {sys.executable} has no {', '.join(missing)}: the project's environment is not "
+                         "active in this shell. Fix: source the environment file setup_bert.sh wrote (by default "
+                         "source ${STORE:-$HOME}/venvs/bert-squad.env.sh), or run ./setup_bert.sh first\n")
+        sys.exit(EXIT_INPUT_ERROR)
+
+
 def command(main):
     """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and its exit status; --help
     returns 0."""

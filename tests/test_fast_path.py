@@ -76,7 +76,7 @@ def test_sdpa_and_eager_compute_the_same_logits(tmp_path):
     torch.testing.assert_close(out["sdpa"], out["eager"], atol=1e-5, rtol=1e-4)
 
 
-def test_compile_settings_reach_accelerate(monkeypatch):
+def test_compile_settings_reach_accelerate(monkeypatch, tmp_path):
     import torch._dynamo
     from accelerate.utils import TorchDynamoPlugin
 
@@ -84,19 +84,25 @@ def test_compile_settings_reach_accelerate(monkeypatch):
 
     for var in ("ACCELERATE_DYNAMO_USE_DYNAMIC", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"):
         monkeypatch.delenv(var, raising=False)
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # set by configure_compile: put back afterwards
+        monkeypatch.setenv(var, os.environ.get(var, ""))
     import torch.fx.experimental._config as shapes
 
+    args = lambda dynamic, regional: SimpleNamespace(compile_dynamic=dynamic, compile_regional=regional,  # noqa
+                                                     compile_cache_dir=None)
     # The config modules' own patch(): pytest's monkeypatch would delete (and so hide) these
     # attributes when it undoes, as they live outside the module's __dict__.
-    with torch._dynamo.config.patch(recompile_limit=8), shapes.patch(use_duck_shape=True):
-        configure_compile(SimpleNamespace(compile_dynamic="auto", compile_regional=False))
+    with torch._dynamo.config.patch(recompile_limit=8, specialize_float=False), shapes.patch(use_duck_shape=True):
+        configure_compile(args("auto", False), tmp_path)
         plugin = TorchDynamoPlugin(backend="inductor", dynamic=None)  # what the Trainer builds
         assert plugin.dynamic is None and not plugin.use_regional_compilation
-        configure_compile(SimpleNamespace(compile_dynamic="true", compile_regional=True))
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path.resolve() / "torch_compile")  # the features cache's
+        assert torch._dynamo.config.specialize_float  # no restarted frame, whose first attempt no cache holds
+        configure_compile(args("true", True), tmp_path)
         plugin = TorchDynamoPlugin(backend="inductor", dynamic=None)
         assert plugin.dynamic is True and plugin.use_regional_compilation
         assert shapes.use_duck_shape is False  # equal sizes at tracing get symbols of their own
-        configure_compile(SimpleNamespace(compile_dynamic="false", compile_regional=True))
+        configure_compile(args("false", True), tmp_path)
         assert TorchDynamoPlugin(backend="inductor", dynamic=None).dynamic is False
         assert torch._dynamo.config.recompile_limit >= STATIC_RECOMPILE_LIMIT
 

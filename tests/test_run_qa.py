@@ -444,3 +444,17 @@ def test_a_command_says_how_it_ended_in_the_outcome_file(tmp_path, monkeypatch, 
     monkeypatch.setenv("RANK", "0")
     assert ends(0) == 0 and outcome.exists()
     assert capsys.readouterr().err.count("error: ") == 3  # the refusals' one lines: rank 1's too
+
+
+def test_a_shell_without_the_environment_gets_one_line(tmp_path):
+    """python run_qa.py where the project's environment is not active: which to activate, not a traceback."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    for script in ("run_qa.py", "utils_qa.py"):
+        proc = subprocess.run([str(tmp_path / "bare" / "bin" / "python"), str(REPO / script), SMOKE],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert "environment is not active" in lines[0] and "bert-squad.env.sh" in lines[0], lines[0]

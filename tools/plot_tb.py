@@ -89,7 +89,8 @@ def find_event_dirs(run_dir: Path) -> list:
 
 def load_scalars(run_dir) -> dict:
     """tag -> [(step, value)] sorted by step, from every event folder of the run. A step logged
-    twice (a resumed run repeats steps) keeps its latest value."""
+    twice (a resumed run repeats steps) keeps its latest value, but the last step keeps every value
+    in the order logged: the last evaluation during training and the final evaluation share it."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = Path(run_dir)
@@ -99,19 +100,22 @@ def load_scalars(run_dir) -> dict:
     if not folders:
         raise InputError(str(run_dir), f"no TensorBoard event files ({EVENT_GLOB}) in {events_root(run_dir)} or below",
                          "pass a run's output_dir (TensorBoard writes into its runs/ unless --report_to none)")
-    latest = {}  # tag -> step -> (wall_time, value)
+    logged = {}  # tag -> step -> [(wall_time, value)]
     for folder in folders:
         acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})  # 0: keep every point
         acc.Reload()
         for tag in acc.Tags().get("scalars", []):
-            points = latest.setdefault(tag, {})
             for e in acc.Scalars(tag):
-                if e.step not in points or e.wall_time >= points[e.step][0]:
-                    points[e.step] = (e.wall_time, e.value)
-    if not latest:
+                logged.setdefault(tag, {}).setdefault(e.step, []).append((e.wall_time, e.value))
+    if not logged:
         raise InputError(str(run_dir), "the event files hold no scalars",
                          "pass the output_dir of a run that trained and logged (logging_steps)")
-    return {tag: sorted((step, v) for step, (_, v) in points.items()) for tag, points in latest.items()}
+    out = {}
+    for tag, points in logged.items():
+        last = max(points)
+        out[tag] = [(step, max(values)[1]) for step, values in sorted(points.items()) if step != last]
+        out[tag] += [(last, value) for _, value in sorted(points[last])]
+    return out
 
 
 def _results_key(tag: str) -> str:
@@ -175,7 +179,8 @@ def _panels(scalars):
                 found.append((ylabel, kind, present))
         if found:
             out[name] = (title, found)
-    perf = sorted(t for t in scalars if "perf/" in t and t.rsplit("/", 1)[-1] not in PERF_SHOWN_ELSEWHERE)
+    perf = sorted(t for t in scalars if "perf/" in t and t.rsplit("/", 1)[-1] not in PERF_SHOWN_ELSEWHERE
+                  and any(math.isfinite(v) for _, v in scalars[t]))  # no empty panel for a figure never measured
     if perf:
         out["performance.png"] = ("Training performance", [
             (*PERF_PANELS.get(t.rsplit("/", 1)[-1], (t.rsplit("/", 1)[-1], "plain")), [(t, "")]) for t in perf])
@@ -242,7 +247,12 @@ def _draw_panel(ax, scalars, ylabel, kind, curves, xlabel=X_LABEL, final=None):
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
     if any(label for _, label in curves) or any(len(scalars[tag]) == 1 or tag in apart for tag, _ in curves):
-        ax.legend()
+        legend_below(ax)
+
+
+def legend_below(ax) -> None:
+    """Under the panel, where it covers no curve (savefig's tight box keeps it in the picture)."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize="small", frameon=False)
 
 
 def draw_target(ax, target: dict) -> None:
@@ -254,7 +264,7 @@ def draw_target(ax, target: dict) -> None:
     ax.axhline(f1, color="grey", linestyle="--", linewidth=1, label=f"target F1 {f1:g}: {reached}")
     if seconds is not None:
         ax.plot([seconds], [f1], "x", color="black", markersize=9)
-    ax.legend()
+    legend_below(ax)
 
 
 def figures(scalars, target=None, config=None) -> dict:
@@ -293,7 +303,7 @@ def plot(scalars, out_dir: Path, target=None, config=None) -> list:
 
     written = []
     for name, fig in figures(scalars, target, config).items():
-        fig.savefig(out_dir / name, dpi=100)
+        fig.savefig(out_dir / name, dpi=100, bbox_inches="tight")
         plt.close(fig)
         written.append(name)
     return written

@@ -42,6 +42,9 @@ def configure_compile(model_args, features_cache) -> None:
         logger.warning("the compile cache %s is under %s: a job on another node will compile again (set "
                        "--compile_cache_dir or HF_HOME to a shared file system)", cache, tempfile.gettempdir())
     drop_damaged(cache)
+    # Python floats of the model (dropout rates, scales) as constants from the start: traced as symbols, they are
+    # specialized later and dynamo restarts the frame, whose first attempt no cache ever holds
+    torch._dynamo.config.specialize_float = True
     dynamic = model_args.compile_dynamic
     if dynamic != "auto":
         os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] = dynamic
