@@ -15,6 +15,7 @@ Checks (each recorded with ok, seconds and what it found; one that fails does no
 """
 import json
 import sys
+import tempfile
 import time
 import traceback
 from datetime import datetime, timezone
@@ -146,7 +147,8 @@ def eval_compile():
     from qa.training.compile import compile_outcome, configure_compile, fall_back_when_compile_fails
     from qa.training.compile import keep_mask_when_compiled
 
-    configure_compile(SimpleNamespace(compile_dynamic="true", compile_regional=False))
+    cold = tempfile.mkdtemp(prefix="preflight-compile-")  # a compile cache of its own: this check compiles cold
+    configure_compile(SimpleNamespace(compile_dynamic="true", compile_regional=False, compile_cache_dir=cold), cold)
     fall_back_when_compile_fails()
     model = _tiny_bert("sdpa").eval()
     keep_mask_when_compiled(model)

@@ -65,11 +65,13 @@ def test_calls_add_up_and_each_comes_back_small(rehearsal):
     assert all(r["status"] == "ok" for r in call1["pieces"].values()), call1["pieces"]
     # the second call runs the preflight and only what the first left
     assert call2["already_done"] == sorted(["bench", *PARITY.split(",")])
-    assert list(call2["pieces"]) == ["preflight", "train", "attempt-cudagraphs", "attempt-whole-model", "variants"]
+    assert list(call2["pieces"]) == ["preflight", "train", "train-warm", "attempt-cudagraphs", "attempt-whole-model",
+                                     "variants"]
     assert all(r["status"] == "ok" for r in call2["pieces"].values()), call2["pieces"]
     for out in (out1, out2):
         assert_comes_back(out)
-    for piece in ("bench", "train", "attempt-cudagraphs", "attempt-whole-model", "variants", *PARITY.split(",")):
+    for piece in ("bench", "train", "train-warm", "attempt-cudagraphs", "attempt-whole-model", "variants",
+                  *PARITY.split(",")):
         r = json.loads((results / f"{piece}.json").read_text())
         assert r["status"] == "ok" and r["device"] and r["versions"]["torch"] and r["started_utc"] and r["command"]
     proof_md = (results / "proof.md").read_text()
@@ -91,6 +93,9 @@ def test_every_piece_brings_its_figures(rehearsal):
     assert set(variants["variants"]) == {"reference", "fast_no_compile", "fast_static64"}
     train = json.loads((results / "train.json").read_text())["findings"]
     assert train["compiled"] == "yes" and train["profile_operators"] and train["train_samples_per_second"] > 0
+    warm = json.loads((results / "train-warm.json").read_text())["findings"]  # the same, from train's compile cache
+    assert train["fxgraph_cache_miss"] > 0 and warm["fxgraph_cache_miss"] == 0 and warm["fxgraph_cache_hit"] > 0
+    assert warm["compile_warmup_s"] < train["compile_warmup_s"] and warm["wall_clock_breakdown"]["training"] > 0
     for name in ("all_results.json", "results.md", "environment.json", "profile/operators.txt", "logs/train.log"):
         assert (results / "train" / name).stat().st_size > 0, name
     assert train["tensorboard_events"] and all(n > 0 for n in train["tensorboard_events"].values())  # in the archive

@@ -47,9 +47,9 @@ class PhaseClock:
 
 
 def breakdown_lines(breakdown: dict, wall_clock_seconds: float) -> list:
-    """results.md's table of the phases, each with its share of the wall clock."""
+    """results.md's table of the phases the run went through, each with its share of the wall clock."""
     lines = ["", "## Where the wall clock went", "", "| phase | seconds | share |", "|---|---|---|"]
-    for name in (*PHASES, "unaccounted"):
+    for name in [*(p for p in PHASES if breakdown[p] > 0), "unaccounted"]:
         seconds = breakdown[name]
         lines.append(f"| {name.replace('_', ' ')} | {seconds:.1f} | {seconds / wall_clock_seconds:.0%} |")
     if "slowest_rank" in breakdown:

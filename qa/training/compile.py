@@ -80,7 +80,8 @@ def record_compile_cache() -> None:
     cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     files = {name: entry for name, entry in record_files(cache, skip=(CACHE_RECORD,)).items()
              if not name.startswith("locks/")}  # torch's lock files, empty and rewritten
-    atomic_write_json(cache / CACHE_RECORD, {**_recorded(cache), **files})
+    kept = {name: entry for name, entry in _recorded(cache).items() if (cache / name).is_file()}  # not what went
+    atomic_write_json(cache / CACHE_RECORD, {**kept, **files})
 
 
 def _recorded(cache: Path) -> dict:
