@@ -16,11 +16,18 @@ def file_hash(path) -> str:
     return digest.hexdigest()
 
 
-def record_files(folder, skip=()) -> dict:
-    """{relative path: {"size", HASH}} of every file under `folder` (subfolders too), but those named in `skip`."""
-    folder = Path(folder)
-    return {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, HASH: file_hash(p)}
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in skip}
+def record_files(folder, skip=(), verified=None) -> dict:
+    """{relative path: {"size", HASH}} of every file under `folder` (subfolders too), but those named in `skip`;
+    an entry of `verified` (checked against its file earlier in this process) is kept while the size still fits."""
+    folder, verified = Path(folder), verified or {}
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        name = p.relative_to(folder).as_posix()
+        if p.is_file() and p.name not in skip:
+            size = p.stat().st_size
+            known = verified.get(name)
+            out[name] = known if known and known["size"] == size else {"size": size, HASH: file_hash(p)}
+    return out
 
 
 def check_files(folder, files: dict):

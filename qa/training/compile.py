@@ -41,7 +41,8 @@ def configure_compile(model_args, features_cache) -> None:
     if cache.is_relative_to(tempfile.gettempdir()):
         logger.warning("the compile cache %s is under %s: a job on another node will compile again (set "
                        "--compile_cache_dir or HF_HOME to a shared file system)", cache, tempfile.gettempdir())
-    drop_damaged(cache)
+    if int(os.environ.get("LOCAL_RANK") or 0) == 0:  # once per node: all ranks meet at a collective before compiling
+        drop_damaged(cache)
     # Python floats of the model (dropout rates, scales) as constants from the start: traced as symbols, they are
     # specialized later and dynamo restarts the frame, whose first attempt no cache ever holds
     torch._dynamo.config.specialize_float = True
@@ -76,12 +77,12 @@ def drop_damaged(cache: Path) -> None:
 
 def record_compile_cache() -> None:
     """After a run whose compilation went well: the size and hash of every file in its compile cache, merged with
-    what other jobs recorded (a file another job adds meanwhile is simply not checked)."""
+    what other jobs recorded (a file another job adds meanwhile is simply not checked). What drop_damaged verified
+    at the start is not hashed again; files that went are forgotten."""
     cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    files = {name: entry for name, entry in record_files(cache, skip=(CACHE_RECORD,)).items()
-             if not name.startswith("locks/")}  # torch's lock files, empty and rewritten
-    kept = {name: entry for name, entry in _recorded(cache).items() if (cache / name).is_file()}  # not what went
-    atomic_write_json(cache / CACHE_RECORD, {**kept, **files})
+    files = record_files(cache, skip=(CACHE_RECORD,), verified=_recorded(cache))
+    atomic_write_json(cache / CACHE_RECORD, {name: entry for name, entry in files.items()
+                                             if not name.startswith("locks/")})  # torch's lock files: rewritten
 
 
 def _recorded(cache: Path) -> dict:
