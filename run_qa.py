@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 from qa.errors import require_packages
 
@@ -20,7 +21,7 @@ require_packages("torch", "transformers", "datasets", "accelerate")  # before im
 import torch
 from transformers import default_data_collator, set_seed
 
-from qa.arguments import parse_args, split_global_batch
+from qa.arguments import asks_check, parse_args, split_global_batch
 from qa.console import configure_logging, configure_output
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
@@ -82,14 +83,25 @@ class RunSetup:
 def run(argv, callbacks=()):
     """`callbacks`: more for the Trainer, e.g. a benchmark's (bench/timed_run.py)."""
     clock = PhaseClock()
-    model_args, data_args, run_args, training_args, explicit = parse_args(argv)  # every setting checked
+    try:
+        parsed = parse_args(argv)  # every setting checked: (model_args, data_args, run_args, training_args, explicit)
+    except InputError as err:
+        if asks_check(argv):  # the check's verdict, then the error line
+            from qa.check import verdict
+
+            print(verdict(err), flush=True)
+        raise
+    model_args, data_args, run_args, training_args, explicit = parsed
     # Reading should_log sets up the devices and, in a distributed run, the process group that finalize (the
     # world size) and on_main_rank below need. Logging is configured first so that finalize's notes are shown.
     configure_logging(training_args.should_log)
     finalize(training_args, run_args, explicit)
     settle_tf32()  # as TrainingArguments left it, readable by both of torch's APIs (inductor reads the older)
-    splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
-                              ("test", training_args.do_predict)) if on]
+    if run_args.check:  # nothing of a run is written: no lock, no checkpoint, no results
+        from qa.check import check_job
+
+        return check_job(parsed[:4], SimpleNamespace(load=lambda: load(*parsed[:4], clock), features=features_for,
+                                                     trainer=trainer_for, out_of_memory=out_of_memory))
 
     # One run per output folder: rank 0 takes its lock before anything is written there, every rank learns whether
     # it got it. A folder the lock created is removed again if the run stops on bad input below (nothing written).
@@ -97,33 +109,40 @@ def run(argv, callbacks=()):
     on_main_rank(lock.acquire)
     try:
         # Everything else that can reject the user's input runs before anything is written.
-        clock.since_start("startup")
-        with clock.phase("data_loading"):
-            raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
-            limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
-                      "test": data_args.max_predict_samples}
-            examples = {s: select_examples(raw[s], limits[s]) for s in raw}
-        cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
-        set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
-        def check(model, tokenizer):  # on the configuration, before the weights are read
-            check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
-            check_model_and_tokenizer(model, tokenizer, data_args)
-
-        with clock.phase("model_loading"):
-            model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, check=check,
-                                                        training=training_args.do_train,
-                                                        compile=training_args.torch_compile)
-            # Before anything is written, once for all ranks: the checkpoint to resume, verified and fit to this run.
-            checkpoints = Checkpoints.open(model.config, training_args, data_args, run_args.resume,
-                                           examples.get("train"))
-            if checkpoints.trained_here:  # the training ended there: its model is evaluated, as it is
-                model, tokenizer = load_model_and_tokenizer(
-                    replace(model_args, model_name_or_path=training_args.output_dir, tokenizer_name=None),
-                    work_dir=cache_root, training=False, compile=training_args.torch_compile)
-        return _train_and_evaluate(RunSetup(model_args, data_args, run_args, training_args, model, tokenizer, examples,
-                                            checkpoints, cache_root, clock), callbacks)
+        return _train_and_evaluate(load(model_args, data_args, run_args, training_args, clock), callbacks)
     finally:
         lock.release()
+
+
+def load(model_args, data_args, run_args, training_args, clock) -> RunSetup:
+    """The questions, the model and tokenizer, and the checkpoint to resume: everything that can still reject the
+    user's input; nothing is written."""
+    splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
+                              ("test", training_args.do_predict)) if on]
+    clock.since_start("startup")
+    with clock.phase("data_loading"):
+        raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
+        limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+                  "test": data_args.max_predict_samples}
+        examples = {s: select_examples(raw[s], limits[s]) for s in raw}
+    cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
+    set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
+    def check(model, tokenizer):  # on the configuration, before the weights are read
+        check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
+        check_model_and_tokenizer(model, tokenizer, data_args)
+
+    with clock.phase("model_loading"):
+        model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, check=check,
+                                                    training=training_args.do_train,
+                                                    compile=training_args.torch_compile)
+        # Once for all ranks: the checkpoint to resume, verified and fit to this run.
+        checkpoints = Checkpoints.open(model.config, training_args, data_args, run_args.resume, examples.get("train"))
+        if checkpoints.trained_here:  # the training ended there: its model is evaluated, as it is
+            model, tokenizer = load_model_and_tokenizer(
+                replace(model_args, model_name_or_path=training_args.output_dir, tokenizer_name=None),
+                work_dir=cache_root, training=False, compile=training_args.torch_compile)
+    return RunSetup(model_args, data_args, run_args, training_args, model, tokenizer, examples, checkpoints,
+                    cache_root, clock)
 
 
 def finalize(training_args, run_args, explicit: set) -> None:
@@ -147,10 +166,9 @@ def finalize(training_args, run_args, explicit: set) -> None:
                 training_args.learning_rate)
 
 
-def _train_and_evaluate(setup, extra_callbacks):
-    """Features, the Trainer and its callbacks; trains, evaluates, predicts and records: the run's exit status."""
+def features_for(setup, train):
+    """The features of the run's splits (train's only if it trains) and the collator that batches them."""
     args, data = setup.training_args, setup.data_args
-    train = args.do_train and not setup.checkpoints.trained_here
     collator = default_data_collator
     with setup.clock.phase("features"):
         features = {s: build_features(setup, s) for s in setup.examples if s != "train" or train}
@@ -159,6 +177,12 @@ def _train_and_evaluate(setup, extra_callbacks):
                                              data.length_buckets)
             if "train" in features and args.train_sampling_strategy == "group_by_length":
                 features["train"] = add_length_column(features["train"])  # lengths for the sampler, read at once
+    return features, collator
+
+
+def trainer_for(setup, features, collator, extra_callbacks=()):
+    """The run's callbacks (by role, and the others) and its Trainer."""
+    args, data = setup.training_args, setup.data_args
     callbacks = run_callbacks(setup.run_args, args)
     extra = list(extra_callbacks)
     if setup.run_args.measure_communication:  # the scaling study's instrument: opt-in, and kept with the study
@@ -173,13 +197,22 @@ def _train_and_evaluate(setup, extra_callbacks):
             processing_class=setup.tokenizer, data_collator=collator, post_processing=PostProcessing.from_args(data),
             log_extras=telemetry.log_values if telemetry else None, checkpoints=setup.checkpoints, clock=setup.clock)
     install(trainer, [*callbacks.values(), *extra], setup.run_args)
+    return callbacks, extra, trainer
+
+
+def _train_and_evaluate(setup, extra_callbacks):
+    """Trains, evaluates, predicts and records: the run's exit status."""
+    args = setup.training_args
+    train = args.do_train and not setup.checkpoints.trained_here
+    features, collator = features_for(setup, train)
+    callbacks, extra, trainer = trainer_for(setup, features, collator, extra_callbacks)
 
     out = args.output_dir
     main = trainer.is_world_process_zero()
     if main:  # the record runs git and asks every GPU: rank 0's alone is written
         with setup.clock.phase("saving"):
-            env = environment_record({**asdict(setup.model_args), **asdict(data), **asdict(setup.run_args),
-                                      **args.to_dict()})
+            env = environment_record({**asdict(setup.model_args), **asdict(setup.data_args),
+                                      **asdict(setup.run_args), **args.to_dict()})
             write_environment(out, env)
 
     if train:

@@ -123,6 +123,7 @@ jl_shape() {
 jl_output() {
   OUTPUT=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" python -m qa.arguments output_dir "$CONFIG" "${RUN_QA_ARGS[@]}") ||
     exit 1  # it printed the one-line error (a config that is not valid JSON)
+  JL_CHECK=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" python -m qa.arguments check "$CONFIG" "${RUN_QA_ARGS[@]}")
   jl_output_place
 }
 
@@ -202,10 +203,15 @@ jl_log_environment() {
   for line in "${JL_NOTES[@]}"; do jl_log "$line"; done
 }
 
-# Appends one line per run of the job (a requeued job has several) to OUTPUT/job_time.jsonl.
+# Appends one line per run of the job (a requeued job has several) to OUTPUT/job_time.jsonl; a check job
+# (--check) leaves no record of a run there, only its check.md and check.json.
 jl_record_time() {
   local rc=$1 outcome=$2 t1 dir
   t1=$(date +%s)
+  if [[ ${JL_CHECK:-false} == true ]]; then
+    jl_log "check job wall clock $((t1 - JL_T0)) s, exit code $rc (0: ready, 2: not ready); the check: $OUTPUT/check.md"
+    return
+  fi
   dir=${OUTPUT:-.}
   mkdir -p "$dir" 2>/dev/null || dir=.
   printf '{"job_id": "%s", "job_name": "%s", "script": "%s", "restart": %s, "nodes": "%s", "world_size": %s, "start_utc": "%s", "end_utc": "%s", "seconds": %s, "exit_code": %s, "outcome": "%s"}\n' \

@@ -215,6 +215,8 @@ class RunArguments:
     log_lines: bool = arg(True, help="Each log entry as one line of numbers (JSON); false: the Trainer's printer.")
     checkpoint_on_sigterm: bool = arg(True, help="On SIGTERM, save a checkpoint of the step and exit 143.")
     preemption_check_steps: int = arg(10, count("steps between the ranks' agreement on a SIGTERM", "use e.g. 10"))
+    check: bool = arg(False, help="The check job: is this node ready for the run, and how long will it take "
+                      "(check.md; a few dozen real steps, nothing of the run kept).")
 
     adjusted: list[str] = field(default_factory=list, init=False)  # not an argument: what device_precision changed
 
@@ -334,29 +336,48 @@ def expand(argv) -> tuple:
     return source, argv, set(config) | {a[2:].split("=")[0] for a in argv if a.startswith("--")}
 
 
+def last_value(flags, name: str, default=None):
+    """The value the last --name of these (expanded) flags gives, as the parser would read it ("true" for a bare
+    boolean flag); `default` without one."""
+    found = default
+    for i, flag in enumerate(flags):
+        if flag == f"--{name}":
+            given = flags[i + 1] if i + 1 < len(flags) else None
+            found = "true" if given is None or given.startswith("--") else given
+        elif flag.startswith(f"--{name}="):
+            found = flag.split("=", 1)[1]
+    return found
+
+
 def output_dir(flags) -> str:
     """The folder a run with these (expanded) flags writes into, `~` expanded as TrainingArguments does."""
-    found = DEFAULT_OUTPUT_DIR
-    for i, flag in enumerate(flags):
-        if flag == "--output_dir" and i + 1 < len(flags):
-            found = flags[i + 1]
-        elif flag.startswith("--output_dir="):
-            found = flag.split("=", 1)[1]
-    return os.path.expanduser(found)
+    return os.path.expanduser(last_value(flags, "output_dir", DEFAULT_OUTPUT_DIR))
+
+
+def asks_check(argv) -> bool:
+    """Whether a config and flags that may not parse ask for the check job (--check)."""
+    try:
+        flags = expand(argv)[1]
+    except InputError:
+        return False
+    return str(last_value(flags, "check", "false")).lower() in ("true", "yes", "y", "t", "1")
 
 
 @command
 def main(argv=None) -> int:
     """For jobs/launch.sh: `python -m qa.arguments output_dir CONFIG [ARGS...]` prints the run's output folder;
-    `global_batch N WORLD` checks that N divides over the world (nothing printed)."""
+    `check CONFIG [ARGS...]` prints whether it is a check job (true or false); `global_batch N WORLD` checks that N
+    divides over the world (nothing printed)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["global_batch"] and len(argv) == 3 and all(a.isdigit() for a in argv[1:]):
         split_global_batch(int(argv[1]), int(argv[2]), int(argv[1]))
     elif argv[:1] == ["output_dir"]:
         print(output_dir(expand(argv[1:])[1]))
+    elif argv[:1] == ["check"]:
+        print(str(asks_check(argv[1:])).lower())
     else:
         raise InputError("qa.arguments", f"unknown request {argv[:1]}",
-                         "ask for `output_dir CONFIG [ARGS...]` or `global_batch N WORLD`")
+                         "ask for `output_dir CONFIG [ARGS...]`, `check CONFIG [ARGS...]` or `global_batch N WORLD`")
     return 0
 
 

@@ -94,7 +94,9 @@ def assert_breakdown_adds_up(out, training):
     assert abs(sum(phases[p] for p in PHASES) - wall) <= 0.05 * wall, (phases, wall)
     assert phases["startup"] > 0 and phases["features"] > 0 and phases["final_evaluation"] > 0
     assert (phases["training"] > 0) == training
-    assert f"| training | {phases['training']:.1f} |" in (out / "results.md").read_text()
+    summary = (out / "results.md").read_text()
+    assert (f"| training | {phases['training']:.1f} |" in summary) == training, summary
+    assert f"| final evaluation | {phases['final_evaluation']:.1f} |" in summary, summary
 
 
 @pytest.mark.slow

@@ -746,3 +746,35 @@ def test_fsdp_and_global_batch(slurm_cluster, env_file, tmp_path):
     assert rank_lines(log, 2) == [0, 1], job.tail()
     res = results(job.out)
     assert global_step(job.out) == math.ceil(math.ceil(res["train_features"] / 2) / 8)
+
+
+@pytest.mark.slow  # a real local SLURM cluster
+def test_check_jobs_say_ready_or_not_and_leave_no_run_behind(slurm_cluster, env_file, tmp_path):
+    """`--check` through both scripts: job_ft3.sh and job_ddp.sh (1 node x 2 processes, the world line) without
+    the header's GPU (--gres=none) are ready (status 0); job_ft3.sh granted a fake A100 that torch cannot see is not
+    ready (status 2, the verdict in the .out file). Each leaves check.md and check.json in its output folder, and no
+    job_time.jsonl."""
+    jobs = {
+        "ft3": submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=none", name="check-ft3",
+                      args=[CONFIG, "--check", "--output_dir", str(tmp_path / "ft3")]),
+        "ddp": submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "1", "--gres=none", name="check-ddp",
+                      NPROC_PER_NODE=2,
+                      CONFIG=CONFIG, OUTPUT_DIR=tmp_path / "ddp", RUN_ARGS="--check"),
+        "gpu": submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1", name="check-gpu",
+                      args=[CONFIG, "--check", "--output_dir", str(tmp_path / "gpu")]),
+    }
+    for job in jobs.values():
+        job.wait()
+    for name in ("ft3", "ddp"):
+        jobs[name].completed()
+    gpu = jobs["gpu"]
+    assert gpu.info["JobState"] == "FAILED" and gpu.info["ExitCode"] == "2:0", f"{gpu.info}\n{gpu.tail()}"
+    assert "[rank0]: not ready: GPUs: SLURM_" in gpu.log() and "granted, but torch" in gpu.log(), gpu.tail()
+    for name, job in jobs.items():
+        record = json.loads((job.out / "check.json").read_text())
+        assert record["ready"] == (name != "gpu"), (name, record["verdict"])
+        assert {p.name for p in job.out.iterdir()} == {"check.json", "check.md"}, job.tail()
+        assert "check job wall clock" in job.log(), job.tail()
+    world = next(c["text"] for c in json.loads((jobs["ddp"].out / "check.json").read_text())["checks"]
+                 if c["check"] == "world")
+    assert world.startswith("2 ranks on 1 node(s)") and world.endswith("backend gloo"), world

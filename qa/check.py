@@ -1,0 +1,362 @@
+"""The check job (`--check`): on the node a job will run on, is everything there, and how long will the job take?
+
+One line for each thing the run needs: the versions and torch's CUDA build against the node, the GPUs (granted and
+seen), the precision and compilation, the world the ranks form, the model and data offline, the output folder and its
+free space. Then the config's real training for a few dozen optimizer steps and two evaluations of part of the
+validation questions, from which the job's time is predicted, phase by phase, with a --time to ask for. It ends with a
+verdict: "ready" (exit 0) or "not ready: <what> - <fix>" (exit 2). check.md and check.json go into the output folder,
+and nothing else: the training runs in a temporary folder, so the real job starts fresh where the check ran."""
+import importlib.util
+import logging
+import math
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+from qa.distributed import close_process_group, distributed, every_rank, on_main_rank
+from qa.errors import InputError
+from qa.evaluation.time_to_accuracy import eval_interval, first_questions
+from qa.io import atomic_write_json, atomic_write_text
+from qa.results.records import environment_record
+from qa.training.telemetry import autocast_precision, gib
+
+logger = logging.getLogger(__name__)
+
+WARM_STEPS, TIMED_STEPS = 5, 20  # steps that compile and warm up, then the steps whose time is extrapolated
+# --time: the prediction, 30% more, 2 minutes for the job's own start (environment, srun, torchrun), in 5 minutes
+MARGIN, JOB_START_S, ROUND_S = 0.3, 120, 300
+MIN_EVAL_QUESTIONS = 64  # the evaluations timed: a tenth of the questions, at least this many
+
+
+class Report:
+    """The check's lines in order (rank 0 prints them), what it measured and predicted; the first problem decides."""
+
+    def __init__(self, main: bool):
+        self.main, self.lines, self.measured, self.predicted, self.problem = main, [], {}, {}, None
+
+    def line(self, name: str, text: str, problem: InputError | None = None) -> None:
+        self.lines.append({"check": name, "ok": problem is None, "text": text,
+                           **({"problem": verdict(problem)} if problem else {})})
+        self.problem = self.problem or problem
+        if self.main:
+            print(f"check {name}: {text}" + (" -> not ready (below)" if problem else ""), flush=True)
+
+
+def verdict(problem: InputError | None) -> str:
+    return "ready" if problem is None else f"not ready: {problem.where}: {problem.problem} - {problem.fix}"
+
+
+def check_job(parsed, stages) -> int:
+    """The check of a parsed run (model, data, run and training arguments) through run_qa.py's own `stages` (load,
+    features, trainer, out_of_memory). 0 when ready; else an InputError, once check.md is written."""
+    _, _, run_args, args = parsed
+    report = Report(main=args.process_index == 0)
+    with timed(report.measured, "record_s"):  # the job writes it too, with git's commit and every GPU's name
+        env = environment_record({})
+    versions_and_devices(report, env, args, run_args)
+    if report.problem is None:
+        try:
+            with timed(report.measured, "loading_s"):
+                setup = stages.load()
+        except InputError as err:
+            report.line("model and data", "not loaded", err)
+        else:
+            report.line("model and data", loaded(setup, report.measured["loading_s"]))
+            measure_and_predict(report, setup, stages, env)
+    write(report, args.output_dir, env)
+    if report.main:
+        print(verdict(report.problem), flush=True)
+    if report.problem is not None:
+        raise report.problem
+    close_process_group()
+    return 0
+
+
+def versions_and_devices(report, env, args, run_args) -> None:
+    v, d = env["versions"], env["devices"]
+    report.line("versions", f"Python {v['python']}, torch {v['torch']} (CUDA build {d['torch_cuda'] or 'none'}), "
+                            f"transformers {v['transformers']}, accelerate {v['accelerate']}, datasets {v['datasets']}")
+    gpus, granted = d["gpus"], granted_gpus()
+    problem = None
+    if granted and not gpus:
+        problem = InputError("GPUs", f"{granted} granted, but torch {v['torch']} sees none ({cuda_failure()})",
+                             "install the torch build for this node's driver (TORCH_CUDA=cuXYZ ./setup_bert.sh on "
+                             "the cluster, docs/slurm.md) and load its CUDA module in the environment file; or "
+                             "check the job's --gres")
+    seen = (f"{len(gpus)} x {gpus[0]['name']} ({gpus[0]['memory_gib']} GiB)" if gpus else
+            f"none; the run trains on the CPU ({d['cpu_count']} cores)")
+    report.line("GPUs", f"{seen}" + (f"; granted: {granted}" if granted else ""), problem)
+    notes = "; ".join(run_args.adjusted)
+    report.line("precision", f"{autocast_precision(args)} matmuls" + (", TF32" if args.tf32 else "")
+                + (f" (adjusted to the device: {notes})" if notes else " (as the config asks)"))
+    if args.torch_compile:
+        report.line("compilation", *compiler_available(bool(gpus) and not args.use_cpu))
+    ranks = every_rank({"host": socket.gethostname(), "gpus": len(gpus), "problem": report.problem})
+    if distributed():
+        hosts = {}
+        for rank in ranks:
+            hosts[rank["host"]] = hosts.get(rank["host"], 0) + 1
+        where = ", ".join(f"{host}: {n}" for host, n in hosts.items())
+        failing = next((r for r in ranks if r["problem"]), None)
+        report.line("world", f"{len(ranks)} ranks on {len(hosts)} node(s) ({where}), backend "
+                             f"{torch.distributed.get_backend()}", failing and failing["problem"])
+
+
+def granted_gpus() -> str | None:
+    """The GPUs this job was granted, in SLURM's words, or the ones the driver lists outside a job; None: none."""
+    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):  # the GPUs' indices
+        if os.environ.get(var):
+            return f"{var}={os.environ[var]}"
+    if os.environ.get("SLURM_GPUS_ON_NODE", "0") not in ("", "0"):  # how many
+        return f"SLURM_GPUS_ON_NODE={os.environ['SLURM_GPUS_ON_NODE']}"
+    if "SLURM_JOB_ID" not in os.environ and os.environ.get("CUDA_VISIBLE_DEVICES") not in ("", "-1") \
+            and shutil.which("nvidia-smi"):
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        return f"nvidia-smi lists {listed.count('GPU ')}" if "GPU " in listed else None
+    return None
+
+
+def cuda_failure() -> str:
+    """Why torch's CUDA does not start here, in its own words."""
+    if torch.version.cuda is None:
+        return "it is a CPU-only build"
+    try:
+        torch.cuda.init()
+    except Exception as err:  # torch says why: no driver, a driver too old for the build, no device
+        return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}"
+
+
+def compiler_available(on_gpu: bool) -> tuple:
+    """(line, problem): what torch.compile's inductor needs here, Triton on a GPU, a C++ compiler on the CPU."""
+    if on_gpu:
+        if importlib.util.find_spec("triton") is None:
+            return "no Triton", InputError("torch_compile=true", "Triton, which compiles for the GPU, is not "
+                                           "installed", "rerun ./setup_bert.sh (torch brings it), or pass "
+                                           "--torch_compile false")
+        return "Triton for the GPU; the warm-up is in the measured steps below", None
+    compiler = os.environ.get("CXX") or "g++"
+    if shutil.which(compiler) is None:
+        return f"no {compiler}", InputError("torch_compile=true", f"no C++ compiler ({compiler}) for the CPU kernels",
+                                            "load a compiler (module load gcc), or pass --torch_compile false")
+    return f"{compiler} for the CPU; the warm-up is in the measured steps below", None
+
+
+class timed:
+    """`with timed(record, key):` the block's seconds into record[key]."""
+
+    def __init__(self, record: dict, key: str):
+        self.record, self.key = record, key
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.record[self.key] = self.record.get(self.key, 0.0) + time.perf_counter() - self.start
+
+
+def loaded(setup, seconds: float) -> str:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+    splits = ", ".join(f"{split} {len(examples):,}" for split, examples in setup.examples.items())
+    resume = setup.checkpoints.resume_from
+    return (f"{setup.model_args.model_name_or_path} and the questions ({splits}) in {seconds:.1f} s"
+            f"{', offline' if offline else ''}" + (f"; the job resumes from {resume}" if resume else ""))
+
+
+def measure_and_predict(report, setup, stages, env) -> None:
+    """The real training for a few dozen steps in a temporary folder, timed evaluations, the job's prediction."""
+    args, run_args, m = setup.training_args, setup.run_args, report.measured
+    plan = {"eval_strategy": args.eval_strategy, "eval_steps": args.eval_steps, "save_strategy": args.save_strategy,
+            "save_steps": args.save_steps, "save_total_limit": args.save_total_limit, "max_steps": args.max_steps,
+            "eval_every": run_args.eval_every}
+    output_dir = args.output_dir
+    train = args.do_train and not setup.checkpoints.trained_here
+    features, collator = stages.features(setup, train)
+    with timed(m, "features_cached_s"):  # what the job takes: the check left them in the cache
+        features, collator = stages.features(setup, train)
+    with tempfile.TemporaryDirectory(prefix="bert-squad-check-") as scratch:
+        args.output_dir, args.report_to, args.load_best_model_at_end = scratch, [], False
+        args.eval_strategy, args.save_strategy = IntervalStrategy.NO, SaveStrategy.NO
+        run_args.telemetry, run_args.eval_every, run_args.profile = True, None, False
+        try:
+            callbacks, _, trainer = stages.trainer(setup, features, collator)
+            steps = job_steps(trainer, plan["max_steps"]) if train else (0, 1)
+            write_rate(report, setup, output_dir, plan, steps)
+            if train and report.problem is None:
+                measure_training(report, trainer, callbacks["telemetry"], steps[0])
+            split = "validation" if "validation" in features else "test" if "test" in features else None
+            if split and report.problem is None:
+                measure_evaluation(report, trainer, setup.examples[split], features[split])
+        except torch.OutOfMemoryError as err:  # in a training step or an evaluation: the run's own fix
+            then = "then check again" if report.measured.get("train_s") else None
+            report.line("training" if then is None else "evaluation", "out of memory",
+                        stages.out_of_memory(args, err, then))
+        finally:
+            args.output_dir = output_dir
+    if report.problem is None:
+        predict(report, setup, features, run_args, plan, steps if train else (0, 1), env)
+
+
+def job_steps(trainer, max_steps: int) -> tuple:
+    """(optimizer steps, steps per epoch) of the job, by the Trainer's arithmetic on its dataloader's length."""
+    batches = len(trainer.get_train_dataloader())  # per rank
+    per_epoch = max(math.ceil(batches / trainer.args.gradient_accumulation_steps), 1)
+    return (max_steps if max_steps > 0 else math.ceil(trainer.args.num_train_epochs * per_epoch)), per_epoch
+
+
+def write_rate(report, setup, output_dir, plan, steps) -> None:
+    """The output folder: writable, its write rate (the model's weights, written and removed), and free space for
+    the checkpoints the config keeps (a new one is written before the oldest goes) and the model."""
+    model, m = setup.model, report.measured
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    checkpoint = weights + 2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)  # AdamW's moments
+    saves = count(plan["save_strategy"], plan["save_steps"], *steps)
+    kept = min(saves, plan["save_total_limit"] + 1 if plan["save_total_limit"] else saves)
+    needed = kept * checkpoint + weights
+
+    def probe():
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            with tempfile.TemporaryDirectory(dir=output_dir, prefix=".check-write-") as probe_dir:
+                start = time.perf_counter()
+                model.save_pretrained(probe_dir)
+                written = sum(f.stat().st_size for f in Path(probe_dir).iterdir())
+                return written / (time.perf_counter() - start), shutil.disk_usage(output_dir).free
+        except OSError as err:
+            raise InputError(f"output_dir={output_dir}", f"cannot be written ({err.strerror or err})",
+                             "pass --output_dir on a file system this job can write to (e.g. $LUSTRE/runs/NAME)")
+
+    try:
+        rate, free = on_main_rank(probe)
+    except InputError as err:
+        report.line("output folder", "not writable", err)
+        return
+    m.update(write_bytes_per_s=rate, checkpoint_bytes=checkpoint, weights_bytes=weights, checkpoints_saved=saves,
+             disk_free_bytes=free, disk_needed_bytes=needed)
+    problem = None if free >= needed else InputError(
+        f"output_dir={output_dir}", f"{gib(free):.1f} GiB free, the run keeps up to {gib(needed):.1f} GiB",
+        "free space there, pass --output_dir on a larger file system, or a smaller --save_total_limit")
+    report.line("output folder", f"{output_dir}: writes {rate / 2**20:.0f} MiB/s, {gib(free):.1f} GiB free; the run "
+                f"keeps up to {gib(needed):.2f} GiB ({min(kept, saves)} checkpoint(s) of {gib(checkpoint):.2f} GiB "
+                "and the model)", problem)
+
+
+def count(strategy, every, steps: int, per_epoch: int) -> int:
+    """How many times an eval or save strategy acts in a training of `steps`: at every `every` steps (a fraction: of
+    the steps) and at the last one, or at each epoch's end."""
+    if strategy == "steps":
+        interval = math.ceil(every * steps) if every < 1 else int(every)
+        return math.ceil(steps / max(interval, 1))
+    return math.ceil(steps / per_epoch) if strategy == "epoch" else 0
+
+
+def measure_training(report, trainer, telemetry, steps: int) -> None:
+    """The first steps (compilation, warm-up) then a timed window, which the job's remaining steps extrapolate."""
+    warm = min(WARM_STEPS, max(steps // 4, 1))
+    stop = min(steps, warm + TIMED_STEPS)
+    telemetry.timed_steps = (warm, stop) if stop > warm else None
+    trainer.args.max_steps = stop
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    s = telemetry.summary()
+    window = telemetry.timed_steps is not None and s.get("train_window_complete")
+    step_s = s["train_window_seconds"] / s["train_window_steps"] if window else wall / stop
+    peak = s.get("train_window_peak_memory_gib") or s.get("train_peak_memory_gib")
+    report.measured.update(train_steps=stop, train_s=wall, step_s=step_s, peak_memory_gib=peak,
+                           samples_per_s=s.get("train_window_samples_per_second"),
+                           compiles_in_window=s.get("train_window_compiles"))
+    if trainer.args.device.type == "cuda" and peak:
+        card = gib(torch.cuda.get_device_properties(trainer.args.device).total_memory)
+        memory = f"peak GPU memory {peak:.1f} of {card:.1f} GiB ({peak / card:.0%})"
+    else:
+        memory = f"peak host memory {s.get('train_peak_rss_gib') or 0:.1f} GiB"
+    rate = s.get("train_window_samples_per_second")
+    report.line("training", f"{stop} steps in {wall:.1f} s; from step {warm + 1}: {step_s:.3f} s a step"
+                + (f", {rate:.1f} samples/s" if rate else "") + f"; {memory}")
+
+
+def measure_evaluation(report, trainer, examples, features) -> None:
+    """Two evaluations of the first questions: the first pays the warm-up, the second gives the time per feature."""
+    questions = min(len(examples), max(MIN_EVAL_QUESTIONS, len(examples) // 10))
+    examples, features = first_questions(examples, features, questions)
+    seconds = []
+    for _ in range(2):
+        start = time.perf_counter()
+        trainer.evaluate(eval_dataset=features, eval_examples=examples)
+        seconds.append(time.perf_counter() - start)
+    per_feature = seconds[1] / len(features)
+    report.measured.update(eval_questions=questions, eval_features=len(features), eval_first_s=seconds[0],
+                           eval_s=seconds[1], eval_s_per_feature=per_feature)
+    report.line("evaluation", f"{questions} questions ({len(features)} features) in {seconds[1]:.1f} s "
+                f"({seconds[0]:.1f} s the first time)")
+
+
+def predict(report, setup, features, run_args, plan, steps, env) -> None:
+    """The job's seconds by phase, from what the check measured, and the --time to ask for."""
+    m, clock, args = report.measured, setup.clock.seconds, setup.training_args
+    total_steps, per_epoch = steps
+    per_feature = m.get("eval_s_per_feature", 0.0)
+    during = count(plan["eval_strategy"], plan["eval_steps"], total_steps, per_epoch)
+    if plan["eval_every"] is not None and total_steps:  # time to accuracy: every interval and at the last step
+        during += math.ceil(total_steps / eval_interval(plan["eval_every"], per_epoch))
+    questions = run_args.eval_every_questions
+    during_features = len(first_questions(setup.examples["validation"], features["validation"], questions)[1]) \
+        if during else 0
+    warmup = max(m.get("eval_first_s", 0.0) - m.get("eval_s", 0.0), 0.0)  # once, at the first evaluation
+    rate = m["write_bytes_per_s"]
+    p = {"startup_s": sum(clock.get(phase, 0.0) for phase in ("startup", "data_loading", "model_loading")),
+         "features_s": m["features_cached_s"],
+         "training_s": m.get("train_s", 0.0) + max(total_steps - m.get("train_steps", 0), 0) * m.get("step_s", 0.0),
+         "evaluations_during_training_s": during * during_features * per_feature,
+         "checkpoints_s": m["checkpoints_saved"] * m["checkpoint_bytes"] / rate,
+         "final_evaluation_s": len(features["validation"]) * per_feature if args.do_eval else 0.0,
+         "prediction_s": len(features["test"]) * per_feature if args.do_predict else 0.0,
+         "saving_s": m["record_s"] + m["weights_bytes"] / rate}
+    p["evaluation_warmup_s"] = warmup if (during or args.do_eval or args.do_predict) else 0.0
+    total = sum(p.values())
+    limit = math.ceil((total * (1 + MARGIN) + JOB_START_S) / ROUND_S) * ROUND_S
+    report.predicted.update({k: round(v, 2) for k, v in p.items()}, total_s=round(total, 1), steps=total_steps,
+                            evaluations_during_training=during, time_limit=slurm_time(limit))
+    report.line("prediction", f"the job takes about {minutes(total)} ({total_steps} steps, {during} evaluation(s) "
+                f"during training); ask for --time={slurm_time(limit)} (30% and 2 minutes more)")
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def slurm_time(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def write(report, output_dir, env) -> None:
+    """check.json and check.md into the output folder (rank 0), unless the folder is what failed."""
+    if not report.main or (report.problem and report.problem.where.startswith("output_dir")):
+        return
+    record = {"verdict": verdict(report.problem), "ready": report.problem is None,
+              "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": env["host"],
+              "command": env["command"], "checks": report.lines,
+              "measured": {k: round(v, 4) if isinstance(v, float) else v for k, v in report.measured.items()},
+              "predicted": report.predicted}
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(output_dir) / "check.json", record)
+    rows = [f"| {line['check']} | {line['text']}{' **' + line['problem'] + '**' if 'problem' in line else ''} |"
+            for line in report.lines]
+    phases = [f"| {name[:-2].replace('_', ' ')} | {seconds:.1f} |" for name, seconds in report.predicted.items()
+              if name.endswith("_s") and name != "total_s"]
+    text = ["# Check", "", f"{record['finished_utc']} on {env['host']}: **{record['verdict']}**", "",
+            "| check | result |", "|---|---|", *rows]
+    if phases:
+        text += ["", "## Predicted job time", "", "| phase | seconds |", "|---|---|", *phases,
+                 f"| **total** | **{report.predicted['total_s']:.1f}** |", "",
+                 f"Ask for `--time={report.predicted['time_limit']}`: the prediction, 30% and 2 minutes more."]
+    atomic_write_text(Path(output_dir) / "check.md", "\n".join(text) + "\n")

@@ -1,0 +1,107 @@
+"""The check job (`--check`, qa/check.py) on this machine's CPU: "ready" with a prediction the real job in the same
+folder then bears out (its steps and evaluations exactly; its seconds are bench/check_prediction.py's), nothing of
+a run left behind; "not ready" with one verdict line and status 2 for GPUs granted that torch cannot see, a dataset
+missing offline and an output folder that cannot be written. The same through job_ft3.sh and job_ddp.sh on the
+local SLURM cluster is in tests/test_slurm_jobs.py."""
+import json
+import math
+
+import pytest
+
+from qa.check import count, slurm_time
+from tests.helpers import REPO, go_offline, run_qa
+
+TINY = str(REPO / "configs" / "smoke_tiny.json")
+RUN_FILES = {"check.json", "check.md"}
+
+
+def _env(tmp_path, **extra):
+    import os
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), **extra)
+    for key in ("TENSORBOARD_LOGGING_DIR", "SLURM_JOB_ID", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"):
+        env.pop(key, None)
+    return env
+
+
+def _check(out):
+    return json.loads((out / "check.json").read_text())
+
+
+@pytest.mark.parametrize("strategy, every, steps, per_epoch, expect", [
+    ("steps", 10, 79, 79, 8),     # steps 10..70 and the last, 79
+    ("steps", 10, 80, 80, 8),     # the last is step 80 itself
+    ("steps", 0.25, 79, 79, 4),   # a fraction of the steps: every 20
+    ("epoch", None, 158, 79, 2),
+    ("no", None, 79, 79, 0),
+])
+def test_evaluations_and_checkpoints_are_counted_as_the_trainer_acts(strategy, every, steps, per_epoch, expect):
+    assert count(strategy, every, steps, per_epoch) == expect
+
+
+def test_the_time_to_ask_for_is_slurms_format():
+    assert slurm_time(300) == "00:05:00" and slurm_time(3 * 3600 + 25 * 60) == "03:25:00"
+
+
+@pytest.mark.slow
+def test_a_ready_check_predicts_the_job_that_then_runs_in_its_folder(tmp_path):
+    """smoke_tiny with evaluations during training: the check says ready (status 0, last line "ready"), leaves
+    check.md and check.json only, and predicts the job's steps and evaluations during training exactly."""
+    env, out = _env(tmp_path), tmp_path / "run"
+    flags = ["--eval_every", "0.25", "--eval_every_questions", "20", "--output_dir", str(out)]
+    proc = run_qa([TINY, *flags, "--check"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "ready", proc.stdout
+    assert {p.name for p in out.iterdir()} == RUN_FILES  # no lock, checkpoint, weights or results
+    record = _check(out)
+    assert record["ready"] and [c["check"] for c in record["checks"]] == [
+        "versions", "GPUs", "precision", "model and data", "output folder", "training", "evaluation", "prediction"]
+    predicted = record["predicted"]
+    assert predicted["total_s"] == pytest.approx(sum(v for k, v in predicted.items() if k.endswith("_s") and
+                                                     k != "total_s"), abs=0.1)
+    assert predicted["training_s"] > 0 and predicted["final_evaluation_s"] > 0 and predicted["startup_s"] > 0
+    assert "--time=" + predicted["time_limit"] in (out / "check.md").read_text()
+
+    proc = run_qa([TINY, *flags], env)  # the real job, in the same folder: it starts fresh
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((out / "trainer_state.json").read_text())
+    evaluations = json.loads((out / "time_to_accuracy.json").read_text())["evaluations"]
+    assert predicted["steps"] == state["global_step"]
+    assert predicted["evaluations_during_training"] == len(evaluations)
+    assert math.ceil(predicted["steps"] / 10) == record["measured"]["checkpoints_saved"]
+
+
+def test_gpus_granted_that_torch_cannot_see_are_not_ready(tmp_path, monkeypatch, capsys):
+    """A job granted a GPU (SLURM's variables) whose torch sees none: not ready, status 2, nothing trained."""
+    from run_qa import main
+
+    go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR", "SLURM_JOB_ID"))
+    monkeypatch.setenv("SLURM_STEP_GPUS", "0")
+    out = tmp_path / "run"
+    assert main([TINY, "--check", "--output_dir", str(out)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("not ready: GPUs: SLURM_STEP_GPUS=0 granted, but torch"), lines
+    record = _check(out)
+    assert not record["ready"] and record["verdict"] == lines[-1]
+    assert [c["check"] for c in record["checks"] if not c["ok"]] == ["GPUs"]
+    assert "training" not in [c["check"] for c in record["checks"]]
+
+
+def test_a_dataset_missing_offline_is_not_ready(tmp_path):
+    env, out = _env(tmp_path), tmp_path / "run"
+    proc = run_qa([TINY, "--dataset_name", "squad", "--check", "--output_dir", str(out)], env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    verdict = proc.stdout.strip().splitlines()[-1]
+    assert verdict.startswith("not ready: Hub dataset 'squad': cannot be loaded: offline mode is on"), verdict
+    assert _check(out)["verdict"] == verdict and {p.name for p in out.iterdir()} == RUN_FILES
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: Hub dataset 'squad'")  # the project's one line
+
+
+def test_an_output_folder_that_cannot_be_written_is_not_ready(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = run_qa([TINY, "--check", "--output_dir", str(blocker / "run")], _env(tmp_path), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines() == [
+        f"not ready: output_dir={blocker / 'run'}: cannot be created: {blocker} is a file (where the run writes) - "
+        "give a folder this user can create and write to"]
