@@ -35,9 +35,12 @@ def compare(config: str, work: Path) -> dict:
     run(config, out)
     results = json.loads((out / "all_results.json").read_text())
     predicted, measured = check["predicted"]["total_s"], results["WALL_CLOCK_SECONDS"]
+    phases = {phase: {"predicted_s": seconds, "measured_s": results["wall_clock_breakdown"][phase]}
+              for phase, seconds in check["predicted"]["seconds"].items()}
     return {"config": config, "predicted_s": predicted, "measured_s": measured,
             "predicted_over_measured": round(predicted / measured, 3), "time_limit": check["predicted"]["time_limit"],
-            "predicted": check["predicted"], "measured_breakdown": results["wall_clock_breakdown"],
+            "phases": phases, "unaccounted_s": results["wall_clock_breakdown"]["unaccounted"],
+            "check": {k: check["predicted"][k] for k in ("steps", "evaluations_during_training")},
             "check_measured": check["measured"]}
 
 

@@ -14,6 +14,8 @@ Pieces, in order of value (bench/README.md has the prepared call and the estimat
               costs), dev articles 0:42, 1 epoch, evaluated on 42:, telemetry, a bounded profile, TensorBoard
   train-warm  the same training again from the compile cache train filled (cold against warm compile warm-up, and
               the wall-clock breakdown of both); after train, in the same call
+  check       the check job (`--check`) of train's command, compiling into a cache of its own: its verdict, the GPU
+              lines, and its predicted time against train's measured wall clock; after train, in the same call
   parity-*    parity.py, one run per piece: the reference and the fast recipe, seeds 42 and 43 (the MiniLM)
   attempt-*   run_bench.py: a change the GPU profile points to, beside reference_bf16 and fast (fast_cudagraphs,
               fast_whole_model)
@@ -50,7 +52,7 @@ RESULTS = REPO / "bench" / "results" / "gpu"
 PARITY = [f"parity-{recipe}-{seed}" for seed in (42, 43) for recipe in ("reference", "fast")]
 ATTEMPTS = ["attempt-cudagraphs", "attempt-whole-model"]
 # train-warm: the same training again, after train in the same call, from the compile cache train filled
-PIECES = ["bench", "train", "train-warm", *PARITY, *ATTEMPTS, "variants"]
+PIECES = ["bench", "train", "train-warm", "check", *PARITY, *ATTEMPTS, "variants"]
 # run_bench.py's variants of the pieces that benchmark: each attempt measures a change the GPU profile points to
 # (host time per step: docs/benchmarks.md) beside the bf16 reference and fast, in one call.
 BENCH_VARIANTS = {"bench": "reference_bf16,fast", "attempt-cudagraphs": "reference_bf16,fast,fast_cudagraphs",
@@ -59,11 +61,13 @@ BENCH_VARIANTS = {"bench": "reference_bf16,fast", "attempt-cudagraphs": "referen
 # Seconds each piece is expected to take before it ran to its end (GPU: measured on one H100 where a piece has
 # run, 2026-11-26, else from the published A100 rate and an H100's ~3x bf16; CPU: the rehearsal's tiny sizes on 2
 # cores). Measured ones replace them (estimate()).
-ESTIMATES = {"gpu": {"preflight": 45, "bench": 200, "train": 110, "train-warm": 90, **dict.fromkeys(ATTEMPTS, 300),
+ESTIMATES = {"gpu": {"preflight": 45, "bench": 200, "train": 110, "train-warm": 90, "check": 150,
+                     **dict.fromkeys(ATTEMPTS, 300),
                      "variants": 300,
                      "parity-reference-42": 105, "parity-reference-43": 105, "parity-fast-42": 240,
                      "parity-fast-43": 240},
-             "cpu": {"preflight": 30, "bench": 90, "train": 100, "train-warm": 60, **dict.fromkeys(ATTEMPTS, 150),
+             "cpu": {"preflight": 30, "bench": 90, "train": 100, "train-warm": 60, "check": 60,
+                     **dict.fromkeys(ATTEMPTS, 150),
                      "variants": 150,
                      **dict.fromkeys(PARITY, 150)}}
 PACK_MARGIN_S = 15  # kept back at the end of a call for packing
@@ -100,12 +104,13 @@ def piece_command(piece, mode, work, dev):
 
     shape = SIZES[mode]["model"]
     model = build_random_bert(work / "work" / "models" / ("bert-" + "-".join(map(str, shape.values()))), shape)
+    check = ["--check", "--compile_cache_dir", str(work / "work" / "check-compile")] if piece == "check" else []
     return py + [str(REPO / "run_qa.py"), str(REPO / "configs" / "fast.json"), "--model_name_or_path", str(model),
                  "--train_file", str(dev), "--validation_file", str(dev), "--num_train_epochs", "1",
                  *(CPU_TRAIN if cpu else ["--train_articles", "0:42", "--validation_articles", "42:"]),
                  "--output_dir", str(folder), "--resume", "never", "--disable_tqdm", "true",
                  "--report_to", *(["tensorboard", "--profile", "true"] if piece == "train" else ["none"]),
-                 "--features_cache_dir", str(work / "work" / "features")]  # its compile cache: train-warm's too
+                 "--features_cache_dir", str(work / "work" / "features"), *check]  # its compile cache: train-warm's too
 
 
 def verdict(piece, folder, code) -> tuple:
@@ -135,6 +140,13 @@ def verdict(piece, folder, code) -> tuple:
         if found["compiled"] not in (None, "yes"):  # a recipe that compiles and fell back is no figure of it
             return "failed", {**found, "why": f"torch.compile {found['compiled']}"}
         return "ok", found
+    if piece == "check":
+        if not (folder / "check.json").exists():
+            return "failed", {"why": f"exit status {code}, no check.json"}
+        r = read_json(folder / "check.json")
+        found = {"verdict": r["verdict"], "checks": {c["check"]: c["text"] for c in r["checks"]},
+                 "predicted": r["predicted"], "measured": r["measured"]}
+        return ("ok" if code == 0 and r["ready"] else "failed"), found
     results = folder / "all_results.json"
     if not results.exists():
         return "failed", {"why": f"exit status {code}, no all_results.json"}
@@ -339,8 +351,9 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     todo = ["preflight"] + [p for p in wanted if p not in done]
-    if "train-warm" in todo and "train" not in todo:  # its cache is the one train fills in the same call; collect
-        todo.insert(todo.index("train-warm"), "train")  # keeps the train piece already done as it is
+    after_train = [p for p in ("train-warm", "check") if p in todo]  # train-warm: its cache is the one train fills
+    if after_train and "train" not in todo:  # in the same call; check: predicts it. collect keeps the train piece
+        todo.insert(todo.index(after_train[0]), "train")  # already done as it is
     for piece in todo:
         left = deadline - time.time() - PACK_MARGIN_S
         need = estimate(piece, mode, results, record["pieces"]) if piece != "preflight" else ESTIMATES[mode][piece]
@@ -412,6 +425,10 @@ def _figures(piece, f) -> str:
         checks = f.get("checks") or {}
         return ", ".join(f"{k} {'ok' if c.get('ok') else 'FAILED'}" for k, c in checks.items()) + (
             f"; bf16 matmul {f.get('matmul_bf16_tflops')} TFLOP/s" if f.get("matmul_bf16_tflops") else "")
+    if piece == "check":
+        p = f.get("predicted") or {}
+        return f"{f.get('verdict')}; predicted {p.get('total_s')} s, --time={p.get('time_limit')}; " + "; ".join(
+            f"{k}: {v}" for k, v in (f.get("checks") or {}).items() if k in ("GPUs", "training"))
     return ", ".join(f"{k} {v}" for k, v in f.items() if k != "train_profiled_steps")
 
 
@@ -540,6 +557,13 @@ def assess(pieces: dict, preflights: dict) -> list:
                ((pieces.get(p, {}).get("findings") or {}).get("variants") or {}).values()]
     out.append({"target": "no compilation inside any timed window", "measured": windows or None,
                 "met": None if not windows else all(w == 0 for w in windows)})
+    check, train = pieces.get("check", {}), pieces.get("train", {})
+    same_call = check.get("status") == train.get("status") == "ok" and check.get("call") == train.get("call")
+    ratio = check["findings"]["predicted"]["total_s"] / train["findings"]["WALL_CLOCK_SECONDS"] if same_call else None
+    out.append({"target": "the check job's predicted time within 30% of the train piece's wall clock (one call)",
+                "measured": None if ratio is None else f"{ratio:.2f} (predicted "
+                f"{check['findings']['predicted']['total_s']} s, measured {train['findings']['WALL_CLOCK_SECONDS']} s)",
+                "met": None if ratio is None else abs(ratio - 1) <= 0.3})
     f1 = {r: [pieces[p]["findings"]["eval_f1"] for p in PARITY if p.startswith(f"parity-{r}-")
               and pieces.get(p, {}).get("status") == "ok"] for r in ("reference", "fast")}
     if all(len(v) == 2 for v in f1.values()):

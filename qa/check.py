@@ -26,6 +26,7 @@ from qa.errors import InputError
 from qa.evaluation.time_to_accuracy import eval_interval, first_questions
 from qa.io import atomic_write_json, atomic_write_text
 from qa.results.records import environment_record
+from qa.results.wall_clock import PHASES
 from qa.training.telemetry import autocast_precision, gib
 
 logger = logging.getLogger(__name__)
@@ -59,18 +60,18 @@ def check_job(parsed, stages) -> int:
     features, trainer, out_of_memory). 0 when ready; else an InputError, once check.md is written."""
     _, _, run_args, args = parsed
     report = Report(main=args.process_index == 0)
-    with timed(report.measured, "record_s"):  # the job writes it too, with git's commit and every GPU's name
-        env = environment_record({})
+    start = time.perf_counter()
+    env = environment_record({})  # the job writes it too, with git's commit and every GPU's name
+    report.measured["record_s"] = time.perf_counter() - start
     versions_and_devices(report, env, args, run_args)
     if report.problem is None:
         try:
-            with timed(report.measured, "loading_s"):
-                setup = stages.load()
+            setup = stages.load()
         except InputError as err:
             report.line("model and data", "not loaded", err)
         else:
-            report.line("model and data", loaded(setup, report.measured["loading_s"]))
-            measure_and_predict(report, setup, stages, env)
+            report.line("model and data", loaded(setup))
+            measure_and_predict(report, setup, stages)
     write(report, args.output_dir, env)
     if report.main:
         print(verdict(report.problem), flush=True)
@@ -150,20 +151,8 @@ def compiler_available(on_gpu: bool) -> tuple:
     return f"{compiler} for the CPU; the warm-up is in the measured steps below", None
 
 
-class timed:
-    """`with timed(record, key):` the block's seconds into record[key]."""
-
-    def __init__(self, record: dict, key: str):
-        self.record, self.key = record, key
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.record[self.key] = self.record.get(self.key, 0.0) + time.perf_counter() - self.start
-
-
-def loaded(setup, seconds: float) -> str:
+def loaded(setup) -> str:
+    seconds = setup.clock.seconds["data_loading"] + setup.clock.seconds["model_loading"]
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
     splits = ", ".join(f"{split} {len(examples):,}" for split, examples in setup.examples.items())
     resume = setup.checkpoints.resume_from
@@ -171,7 +160,7 @@ def loaded(setup, seconds: float) -> str:
             f"{', offline' if offline else ''}" + (f"; the job resumes from {resume}" if resume else ""))
 
 
-def measure_and_predict(report, setup, stages, env) -> None:
+def measure_and_predict(report, setup, stages) -> None:
     """The real training for a few dozen steps in a temporary folder, timed evaluations, the job's prediction."""
     args, run_args, m = setup.training_args, setup.run_args, report.measured
     plan = {"eval_strategy": args.eval_strategy, "eval_steps": args.eval_steps, "save_strategy": args.save_strategy,
@@ -179,9 +168,10 @@ def measure_and_predict(report, setup, stages, env) -> None:
             "eval_every": run_args.eval_every}
     output_dir = args.output_dir
     train = args.do_train and not setup.checkpoints.trained_here
-    features, collator = stages.features(setup, train)
-    with timed(m, "features_cached_s"):  # what the job takes: the check left them in the cache
-        features, collator = stages.features(setup, train)
+    stages.features(setup, train)
+    before = setup.clock.seconds["features"]
+    features, collator = stages.features(setup, train)  # what the job takes: the check left them in the cache
+    m["features_cached_s"] = setup.clock.seconds["features"] - before
     with tempfile.TemporaryDirectory(prefix="bert-squad-check-") as scratch:
         args.output_dir, args.report_to, args.load_best_model_at_end = scratch, [], False
         args.eval_strategy, args.save_strategy = IntervalStrategy.NO, SaveStrategy.NO
@@ -202,7 +192,7 @@ def measure_and_predict(report, setup, stages, env) -> None:
         finally:
             args.output_dir = output_dir
     if report.problem is None:
-        predict(report, setup, features, run_args, plan, steps if train else (0, 1), env)
+        predict(report, setup, features, plan, steps if train else (0, 1))
 
 
 def job_steps(trainer, max_steps: int) -> tuple:
@@ -300,32 +290,35 @@ def measure_evaluation(report, trainer, examples, features) -> None:
                 f"({seconds[0]:.1f} s the first time)")
 
 
-def predict(report, setup, features, run_args, plan, steps, env) -> None:
-    """The job's seconds by phase, from what the check measured, and the --time to ask for."""
+def predict(report, setup, features, plan, steps) -> None:
+    """The job's seconds in the phases of its wall-clock breakdown (qa/results/wall_clock.py), from what the check
+    measured, and the --time to ask for."""
     m, clock, args = report.measured, setup.clock.seconds, setup.training_args
     total_steps, per_epoch = steps
     per_feature = m.get("eval_s_per_feature", 0.0)
     during = count(plan["eval_strategy"], plan["eval_steps"], total_steps, per_epoch)
     if plan["eval_every"] is not None and total_steps:  # time to accuracy: every interval and at the last step
         during += math.ceil(total_steps / eval_interval(plan["eval_every"], per_epoch))
-    questions = run_args.eval_every_questions
+    questions = setup.run_args.eval_every_questions
     during_features = len(first_questions(setup.examples["validation"], features["validation"], questions)[1]) \
         if during else 0
-    warmup = max(m.get("eval_first_s", 0.0) - m.get("eval_s", 0.0), 0.0)  # once, at the first evaluation
     rate = m["write_bytes_per_s"]
-    p = {"startup_s": sum(clock.get(phase, 0.0) for phase in ("startup", "data_loading", "model_loading")),
-         "features_s": m["features_cached_s"],
-         "training_s": m.get("train_s", 0.0) + max(total_steps - m.get("train_steps", 0), 0) * m.get("step_s", 0.0),
-         "evaluations_during_training_s": during * during_features * per_feature,
-         "checkpoints_s": m["checkpoints_saved"] * m["checkpoint_bytes"] / rate,
-         "final_evaluation_s": len(features["validation"]) * per_feature if args.do_eval else 0.0,
-         "prediction_s": len(features["test"]) * per_feature if args.do_predict else 0.0,
-         "saving_s": m["record_s"] + m["weights_bytes"] / rate}
-    p["evaluation_warmup_s"] = warmup if (during or args.do_eval or args.do_predict) else 0.0
+    p = dict.fromkeys(PHASES, 0.0)
+    p.update({phase: clock[phase] for phase in ("startup", "data_loading", "model_loading", "compile_warmup")},
+             features=m["features_cached_s"],
+             training=m.get("train_s", 0.0) - clock["compile_warmup"]
+             + max(total_steps - m.get("train_steps", 0), 0) * m.get("step_s", 0.0),
+             evaluation_during_training=during * during_features * per_feature,
+             final_evaluation=len(features["validation"]) * per_feature if args.do_eval else 0.0,
+             prediction=len(features["test"]) * per_feature if args.do_predict else 0.0,
+             saving=(m["checkpoints_saved"] * m["checkpoint_bytes"] + m["weights_bytes"]) / rate + m["record_s"])
+    first = next((phase for phase in ("evaluation_during_training", "final_evaluation", "prediction") if p[phase]), None)
+    if first:  # the first evaluation warms up (compiles) once
+        p[first] += max(m["eval_first_s"] - m["eval_s"], 0.0)
     total = sum(p.values())
     limit = math.ceil((total * (1 + MARGIN) + JOB_START_S) / ROUND_S) * ROUND_S
-    report.predicted.update({k: round(v, 2) for k, v in p.items()}, total_s=round(total, 1), steps=total_steps,
-                            evaluations_during_training=during, time_limit=slurm_time(limit))
+    report.predicted.update(seconds={k: round(v, 2) for k, v in p.items()}, total_s=round(total, 1),
+                            steps=total_steps, evaluations_during_training=during, time_limit=slurm_time(limit))
     report.line("prediction", f"the job takes about {minutes(total)} ({total_steps} steps, {during} evaluation(s) "
                 f"during training); ask for --time={slurm_time(limit)} (30% and 2 minutes more)")
 
@@ -351,8 +344,8 @@ def write(report, output_dir, env) -> None:
     atomic_write_json(Path(output_dir) / "check.json", record)
     rows = [f"| {line['check']} | {line['text']}{' **' + line['problem'] + '**' if 'problem' in line else ''} |"
             for line in report.lines]
-    phases = [f"| {name[:-2].replace('_', ' ')} | {seconds:.1f} |" for name, seconds in report.predicted.items()
-              if name.endswith("_s") and name != "total_s"]
+    phases = [f"| {name.replace('_', ' ')} | {seconds:.1f} |"
+              for name, seconds in report.predicted.get("seconds", {}).items() if seconds]
     text = ["# Check", "", f"{record['finished_utc']} on {env['host']}: **{record['verdict']}**", "",
             "| check | result |", "|---|---|", *rows]
     if phases:

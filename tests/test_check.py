@@ -9,6 +9,7 @@ import math
 import pytest
 
 from qa.check import count, slurm_time
+from qa.results.wall_clock import PHASES
 from tests.helpers import REPO, go_offline, run_qa
 
 TINY = str(REPO / "configs" / "smoke_tiny.json")
@@ -56,10 +57,10 @@ def test_a_ready_check_predicts_the_job_that_then_runs_in_its_folder(tmp_path):
     record = _check(out)
     assert record["ready"] and [c["check"] for c in record["checks"]] == [
         "versions", "GPUs", "precision", "model and data", "output folder", "training", "evaluation", "prediction"]
-    predicted = record["predicted"]
-    assert predicted["total_s"] == pytest.approx(sum(v for k, v in predicted.items() if k.endswith("_s") and
-                                                     k != "total_s"), abs=0.1)
-    assert predicted["training_s"] > 0 and predicted["final_evaluation_s"] > 0 and predicted["startup_s"] > 0
+    predicted, seconds = record["predicted"], record["predicted"]["seconds"]
+    assert set(seconds) == set(PHASES) and predicted["total_s"] == pytest.approx(sum(seconds.values()), abs=0.1)
+    for phase in ("startup", "features", "training", "evaluation_during_training", "final_evaluation", "saving"):
+        assert seconds[phase] > 0, phase
     assert "--time=" + predicted["time_limit"] in (out / "check.md").read_text()
 
     proc = run_qa([TINY, *flags], env)  # the real job, in the same folder: it starts fresh

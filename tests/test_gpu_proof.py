@@ -53,7 +53,7 @@ def rehearsal(tmp_path_factory):
     results = tmp / "results"
     first = call(tmp, "first", results, 600, "--pieces", "bench," + PARITY)
     assert proof("collect", first[0], "--results", results).returncode == 0
-    second = call(tmp, "second", results, 700)
+    second = call(tmp, "second", results, 800)
     assert proof("collect", second[0], "--results", results).returncode == 0
     return tmp, results, first, second
 
@@ -65,12 +65,12 @@ def test_calls_add_up_and_each_comes_back_small(rehearsal):
     assert all(r["status"] == "ok" for r in call1["pieces"].values()), call1["pieces"]
     # the second call runs the preflight and only what the first left
     assert call2["already_done"] == sorted(["bench", *PARITY.split(",")])
-    assert list(call2["pieces"]) == ["preflight", "train", "train-warm", "attempt-cudagraphs", "attempt-whole-model",
-                                     "variants"]
+    assert list(call2["pieces"]) == ["preflight", "train", "train-warm", "check", "attempt-cudagraphs",
+                                     "attempt-whole-model", "variants"]
     assert all(r["status"] == "ok" for r in call2["pieces"].values()), call2["pieces"]
     for out in (out1, out2):
         assert_comes_back(out)
-    for piece in ("bench", "train", "train-warm", "attempt-cudagraphs", "attempt-whole-model", "variants",
+    for piece in ("bench", "train", "train-warm", "check", "attempt-cudagraphs", "attempt-whole-model", "variants",
                   *PARITY.split(",")):
         r = json.loads((results / f"{piece}.json").read_text())
         assert r["status"] == "ok" and r["device"] and r["versions"]["torch"] and r["started_utc"] and r["command"]
@@ -96,6 +96,10 @@ def test_every_piece_brings_its_figures(rehearsal):
     warm = json.loads((results / "train-warm.json").read_text())["findings"]  # the same, from train's compile cache
     assert train["fxgraph_cache_miss"] > 0 and warm["fxgraph_cache_miss"] == 0 and warm["fxgraph_cache_hit"] > 0
     assert warm["compile_warmup_s"] < train["compile_warmup_s"] and warm["wall_clock_breakdown"]["training"] > 0
+    check = json.loads((results / "check.json").read_text())["findings"]  # train's command, --check, same call
+    assert check["verdict"] == "ready" and check["predicted"]["total_s"] > 0 and check["checks"]["training"]
+    target = next(t for t in json.loads((results / "proof.json").read_text())["targets"] if "check job" in t["target"])
+    assert target["met"] is not None, target  # check and train in one call: the ratio is computed
     for name in ("all_results.json", "results.md", "environment.json", "profile/operators.txt", "logs/train.log"):
         assert (results / "train" / name).stat().st_size > 0, name
     assert train["tensorboard_events"] and all(n > 0 for n in train["tensorboard_events"].values())  # in the archive
