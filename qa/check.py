@@ -65,6 +65,7 @@ def check_job(parsed, stages) -> int:
     report.measured["record_s"] = time.perf_counter() - start
     versions_and_devices(report, env, args, run_args)
     if report.problem is None:
+        run_args.resume = None  # the output folder is the job's: nothing there is resumed, moved or written
         try:
             setup = stages.load()
         except InputError as err:
@@ -155,9 +156,8 @@ def loaded(setup) -> str:
     seconds = setup.clock.seconds["data_loading"] + setup.clock.seconds["model_loading"]
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
     splits = ", ".join(f"{split} {len(examples):,}" for split, examples in setup.examples.items())
-    resume = setup.checkpoints.resume_from
     return (f"{setup.model_args.model_name_or_path} and the questions ({splits}) in {seconds:.1f} s"
-            f"{', offline' if offline else ''}" + (f"; the job resumes from {resume}" if resume else ""))
+            f"{', offline' if offline else ''}")
 
 
 def measure_and_predict(report, setup, stages) -> None:
@@ -167,7 +167,7 @@ def measure_and_predict(report, setup, stages) -> None:
             "save_steps": args.save_steps, "save_total_limit": args.save_total_limit, "max_steps": args.max_steps,
             "eval_every": run_args.eval_every}
     output_dir = args.output_dir
-    train = args.do_train and not setup.checkpoints.trained_here
+    train = args.do_train
     stages.features(setup, train)
     before = setup.clock.seconds["features"]
     features, collator = stages.features(setup, train)  # what the job takes: the check left them in the cache
@@ -235,7 +235,7 @@ def write_rate(report, setup, output_dir, plan, steps) -> None:
         f"output_dir={output_dir}", f"{gib(free):.1f} GiB free, the run keeps up to {gib(needed):.1f} GiB",
         "free space there, pass --output_dir on a larger file system, or a smaller --save_total_limit")
     report.line("output folder", f"{output_dir}: writes {rate / 2**20:.0f} MiB/s, {gib(free):.1f} GiB free; the run "
-                f"keeps up to {gib(needed):.2f} GiB ({min(kept, saves)} checkpoint(s) of {gib(checkpoint):.2f} GiB "
+                f"keeps up to {gib(needed):.2f} GiB ({kept} checkpoint(s) of {gib(checkpoint):.2f} GiB "
                 "and the model)", problem)
 
 

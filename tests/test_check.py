@@ -106,3 +106,15 @@ def test_an_output_folder_that_cannot_be_written_is_not_ready(tmp_path):
     assert proc.stdout.strip().splitlines() == [
         f"not ready: output_dir={blocker / 'run'}: cannot be created: {blocker} is a file (where the run writes) - "
         "give a folder this user can create and write to"]
+
+
+def test_the_check_moves_nothing_in_a_folder_that_holds_an_earlier_run(tmp_path, monkeypatch):
+    """--resume never would move an earlier run aside; the check leaves the folder as it was, but for its two files."""
+    from run_qa import main
+
+    go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR", "SLURM_JOB_ID"))
+    out = tmp_path / "run"
+    (out / "checkpoint-10").mkdir(parents=True)
+    (out / "all_results.json").write_text("{}")
+    assert main([TINY, "--check", "--resume", "never", "--output_dir", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {"checkpoint-10", "all_results.json", *RUN_FILES}

@@ -125,7 +125,7 @@ class Checkpoints:
 
     @classmethod
     def open(cls, model_config, training_args, data_args, resume: str, train_examples):
-        """This run's checkpoints, the one to resume from chosen on the main rank for every rank. A run that trains
+        """This run's checkpoints, the one to resume (`resume`) chosen on the main rank for every rank. A run that trains
         records what its steps mean (MEANING), how it splits its batch and where it ends (MAY_CHANGE)."""
         from qa.data.cache import table_digest
 
@@ -140,7 +140,8 @@ class Checkpoints:
                 "per-device batch": f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} "
                                     f"accumulation x {args.world_size} processes",
                 "num_train_epochs": args.num_train_epochs, "max_steps": args.max_steps}
-        opened.resume_from = on_main_rank(lambda: opened.choose(resume))
+        if resume is not None:  # None: the check job, which neither resumes nor moves anything in output_dir
+            opened.resume_from = on_main_rank(lambda: opened.choose(resume))
         opened.trained_here = opened.resume_from is not None and Path(opened.resume_from) == Path(opened.output_dir)
         return opened
 
