@@ -42,6 +42,7 @@ class Report:
 
     def __init__(self, main: bool):
         self.main, self.lines, self.measured, self.predicted, self.problem = main, [], {}, {}, None
+        self.writable = True  # the output folder, for check.md and check.json
 
     def line(self, name: str, text: str, problem: InputError | None = None) -> None:
         self.lines.append({"check": name, "ok": problem is None, "text": text,
@@ -228,6 +229,7 @@ def write_rate(report, setup, output_dir, plan, steps) -> None:
         rate, free = on_main_rank(probe)
     except InputError as err:
         report.line("output folder", "not writable", err)
+        report.writable = False
         return
     m.update(write_bytes_per_s=rate, checkpoint_bytes=checkpoint, weights_bytes=weights, checkpoints_saved=saves,
              disk_free_bytes=free, disk_needed_bytes=needed)
@@ -333,7 +335,7 @@ def slurm_time(seconds: int) -> str:
 
 def write(report, output_dir, env) -> None:
     """check.json and check.md into the output folder (rank 0), unless the folder is what failed."""
-    if not report.main or (report.problem and report.problem.where.startswith("output_dir")):
+    if not (report.main and report.writable):
         return
     record = {"verdict": verdict(report.problem), "ready": report.problem is None,
               "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": env["host"],
