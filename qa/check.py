@@ -22,7 +22,7 @@ import torch
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from qa.distributed import close_process_group, distributed, every_rank, on_main_rank
-from qa.errors import InputError
+from qa.errors import EXIT_INPUT_ERROR, InputError
 from qa.evaluation.time_to_accuracy import eval_interval, first_questions
 from qa.io import atomic_write_json, atomic_write_text
 from qa.results.records import environment_record
@@ -77,9 +77,9 @@ def check_job(parsed, stages) -> int:
     write(report, args.output_dir, env)
     if report.main:
         print(verdict(report.problem), flush=True)
+    close_process_group()  # every rank leaves once rank 0 has written the check
     if report.problem is not None:
         raise report.problem
-    close_process_group()
     return 0
 
 
@@ -122,7 +122,10 @@ def granted_gpus() -> str | None:
         return f"SLURM_GPUS_ON_NODE={os.environ['SLURM_GPUS_ON_NODE']}"
     if "SLURM_JOB_ID" not in os.environ and os.environ.get("CUDA_VISIBLE_DEVICES") not in ("", "-1") \
             and shutil.which("nvidia-smi"):
-        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        try:
+            listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError) as err:  # a driver that hangs or fails: torch will say more
+            return f"nvidia-smi failed ({type(err).__name__})"
         return f"nvidia-smi lists {listed.count('GPU ')}" if "GPU " in listed else None
     return None
 
@@ -187,9 +190,12 @@ def measure_and_predict(report, setup, stages) -> None:
             if split and report.problem is None:
                 measure_evaluation(report, trainer, setup.examples[split], features[split])
         except torch.OutOfMemoryError as err:  # in a training step or an evaluation: the run's own fix
-            then = "then check again" if report.measured.get("train_s") else None
-            report.line("training" if then is None else "evaluation", "out of memory",
-                        stages.out_of_memory(args, err, then))
+            in_training = train and "train_s" not in m
+            problem = stages.out_of_memory(args, err, None if in_training else "then check again")
+            problem.exit_code = EXIT_INPUT_ERROR  # not ready, as every other finding
+            report.line("training" if in_training else "evaluation", "out of memory", problem)
+        except InputError as err:  # what the job would refuse too, found on the way (features, scoring)
+            report.line("training" if train and "train_s" not in m else "evaluation", "refused", err)
         finally:
             args.output_dir = output_dir
     if report.problem is None:
@@ -209,24 +215,25 @@ def write_rate(report, setup, output_dir, plan, steps) -> None:
     model, m = setup.model, report.measured
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     checkpoint = weights + 2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)  # AdamW's moments
-    saves = count(plan["save_strategy"], plan["save_steps"], *steps)
+    saves = len(acts(plan["save_strategy"], plan["save_steps"], *steps))
     kept = min(saves, plan["save_total_limit"] + 1 if plan["save_total_limit"] else saves)
     needed = kept * checkpoint + weights
 
     def probe():
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
         try:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            earlier = [p.name for p in Path(output_dir).iterdir() if p.name not in ("check.md", "check.json")]
             with tempfile.TemporaryDirectory(dir=output_dir, prefix=".check-write-") as probe_dir:
                 start = time.perf_counter()
                 model.save_pretrained(probe_dir)
                 written = sum(f.stat().st_size for f in Path(probe_dir).iterdir())
-                return written / (time.perf_counter() - start), shutil.disk_usage(output_dir).free
-        except OSError as err:
-            raise InputError(f"output_dir={output_dir}", f"cannot be written ({err.strerror or err})",
+                return written / (time.perf_counter() - start), shutil.disk_usage(output_dir).free, len(earlier)
+        except Exception as err:  # OSError, or safetensors' own error for a full disk or a quota
+            raise InputError(f"output_dir={output_dir}", f"cannot be written ({getattr(err, 'strerror', None) or err})",
                              "pass --output_dir on a file system this job can write to (e.g. $LUSTRE/runs/NAME)")
 
     try:
-        rate, free = on_main_rank(probe)
+        rate, free, earlier = on_main_rank(probe)
     except InputError as err:
         report.line("output folder", "not writable", err)
         report.writable = False
@@ -236,18 +243,21 @@ def write_rate(report, setup, output_dir, plan, steps) -> None:
     problem = None if free >= needed else InputError(
         f"output_dir={output_dir}", f"{gib(free):.1f} GiB free, the run keeps up to {gib(needed):.1f} GiB",
         "free space there, pass --output_dir on a larger file system, or a smaller --save_total_limit")
+    held = (f"; it holds {earlier} file(s) of an earlier run, which the job resumes from or refuses to overwrite "
+            "(--resume never moves them aside)" if earlier else "")
     report.line("output folder", f"{output_dir}: writes {rate / 2**20:.0f} MiB/s, {gib(free):.1f} GiB free; the run "
                 f"keeps up to {gib(needed):.2f} GiB ({kept} checkpoint(s) of {gib(checkpoint):.2f} GiB "
-                "and the model)", problem)
+                f"and the model){held}", problem)
 
 
-def count(strategy, every, steps: int, per_epoch: int) -> int:
-    """How many times an eval or save strategy acts in a training of `steps`: at every `every` steps (a fraction: of
-    the steps) and at the last one, or at each epoch's end."""
+def acts(strategy, every, steps: int, per_epoch: int) -> set:
+    """The steps at which an eval or save strategy acts in a training of `steps`: every `every` steps (a fraction: of
+    the steps) and the last, or each epoch's end."""
     if strategy == "steps":
-        interval = math.ceil(every * steps) if every < 1 else int(every)
-        return math.ceil(steps / max(interval, 1))
-    return math.ceil(steps / per_epoch) if strategy == "epoch" else 0
+        interval = max(math.ceil(every * steps) if every < 1 else int(every), 1)
+        return {*range(interval, steps + 1, interval), steps} if steps else set()
+    return {min(e * per_epoch, steps) for e in range(1, math.ceil(steps / per_epoch) + 1)} if strategy == "epoch" \
+        else set()
 
 
 def measure_training(report, trainer, telemetry, steps: int) -> None:
@@ -298,9 +308,10 @@ def predict(report, setup, features, plan, steps) -> None:
     m, clock, args = report.measured, setup.clock.seconds, setup.training_args
     total_steps, per_epoch = steps
     per_feature = m.get("eval_s_per_feature", 0.0)
-    during = count(plan["eval_strategy"], plan["eval_steps"], total_steps, per_epoch)
-    if plan["eval_every"] is not None and total_steps:  # time to accuracy: every interval and at the last step
-        during += math.ceil(total_steps / eval_interval(plan["eval_every"], per_epoch))
+    evaluated = acts(plan["eval_strategy"], plan["eval_steps"], total_steps, per_epoch)
+    if plan["eval_every"] is not None:  # time to accuracy: every interval and the last step; one evaluation a step
+        evaluated |= acts("steps", eval_interval(plan["eval_every"], per_epoch), total_steps, per_epoch)
+    during = len(evaluated)
     questions = setup.run_args.eval_every_questions
     during_features = len(first_questions(setup.examples["validation"], features["validation"], questions)[1]) \
         if during else 0
@@ -314,7 +325,7 @@ def predict(report, setup, features, plan, steps) -> None:
              final_evaluation=len(features["validation"]) * per_feature if args.do_eval else 0.0,
              prediction=len(features["test"]) * per_feature if args.do_predict else 0.0,
              saving=(m["checkpoints_saved"] * m["checkpoint_bytes"] + m["weights_bytes"]) / rate + m["record_s"])
-    first = next((phase for phase in ("evaluation_during_training", "final_evaluation", "prediction") if p[phase]), None)
+    first = next((name for name in ("evaluation_during_training", "final_evaluation", "prediction") if p[name]), None)
     if first:  # the first evaluation warms up (compiles) once
         p[first] += max(m["eval_first_s"] - m["eval_s"], 0.0)
     total = sum(p.values())

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from qa.check import count, slurm_time
+from qa.check import acts, slurm_time
 from qa.results.wall_clock import PHASES
 from tests.helpers import REPO, go_offline, run_qa
 
@@ -30,14 +30,15 @@ def _check(out):
 
 
 @pytest.mark.parametrize("strategy, every, steps, per_epoch, expect", [
-    ("steps", 10, 79, 79, 8),     # steps 10..70 and the last, 79
-    ("steps", 10, 80, 80, 8),     # the last is step 80 itself
-    ("steps", 0.25, 79, 79, 4),   # a fraction of the steps: every 20
-    ("epoch", None, 158, 79, 2),
-    ("no", None, 79, 79, 0),
+    ("steps", 10, 79, 79, {10, 20, 30, 40, 50, 60, 70, 79}),  # and the last step
+    ("steps", 10, 80, 80, {10, 20, 30, 40, 50, 60, 70, 80}),  # the last is a multiple
+    ("steps", 0.25, 79, 79, {20, 40, 60, 79}),                # a fraction of the steps: every 20
+    ("epoch", None, 158, 79, {79, 158}),
+    ("epoch", None, 100, 79, {79, 100}),                      # max_steps ends the second epoch early
+    ("no", None, 79, 79, set()),
 ])
-def test_evaluations_and_checkpoints_are_counted_as_the_trainer_acts(strategy, every, steps, per_epoch, expect):
-    assert count(strategy, every, steps, per_epoch) == expect
+def test_evaluations_and_checkpoints_fall_on_the_steps_the_trainer_acts_at(strategy, every, steps, per_epoch, expect):
+    assert acts(strategy, every, steps, per_epoch) == expect
 
 
 def test_the_time_to_ask_for_is_slurms_format():
@@ -46,10 +47,12 @@ def test_the_time_to_ask_for_is_slurms_format():
 
 @pytest.mark.slow
 def test_a_ready_check_predicts_the_job_that_then_runs_in_its_folder(tmp_path):
-    """smoke_tiny with evaluations during training: the check says ready (status 0, last line "ready"), leaves
-    check.md and check.json only, and predicts the job's steps and evaluations during training exactly."""
+    """smoke_tiny with evaluations during training (time to accuracy's and the Trainer's, on steps that coincide): the
+    check says ready (status 0, last line "ready"), leaves check.md and check.json only, and predicts the job's steps
+    and evaluations during training exactly."""
     env, out = _env(tmp_path), tmp_path / "run"
-    flags = ["--eval_every", "0.25", "--eval_every_questions", "20", "--output_dir", str(out)]
+    flags = ["--eval_every", "0.25", "--eval_every_questions", "20", "--output_dir", str(out),
+             "--eval_strategy", "steps", "--eval_steps", "40"]  # steps 40 and 79 are asked for twice, done once
     proc = run_qa([TINY, *flags, "--check"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "ready", proc.stdout
