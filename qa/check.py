@@ -72,7 +72,11 @@ def check_job(parsed, stages) -> int:
         except InputError as err:
             report.line("model and data", "not loaded", err)
         else:
-            report.line("model and data", loaded(setup))
+            seconds = setup.clock.seconds["data_loading"] + setup.clock.seconds["model_loading"]
+            splits = ", ".join(f"{split} {len(examples):,}" for split, examples in setup.examples.items())
+            offline = ", offline" if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") else ""
+            report.line("model and data", f"{setup.model_args.model_name_or_path} and the questions ({splits}) in "
+                                          f"{seconds:.1f} s{offline}")
             measure_and_predict(report, setup, stages)
     write(report, args.output_dir, env)
     if report.main:
@@ -156,19 +160,11 @@ def compiler_available(on_gpu: bool) -> tuple:
     return f"{compiler} for the CPU; the warm-up is in the measured steps below", None
 
 
-def loaded(setup) -> str:
-    seconds = setup.clock.seconds["data_loading"] + setup.clock.seconds["model_loading"]
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
-    splits = ", ".join(f"{split} {len(examples):,}" for split, examples in setup.examples.items())
-    return (f"{setup.model_args.model_name_or_path} and the questions ({splits}) in {seconds:.1f} s"
-            f"{', offline' if offline else ''}")
-
-
 def measure_and_predict(report, setup, stages) -> None:
     """The real training for a few dozen steps in a temporary folder, timed evaluations, the job's prediction."""
     args, run_args, m = setup.training_args, setup.run_args, report.measured
     plan = {"eval_strategy": args.eval_strategy, "eval_steps": args.eval_steps, "save_strategy": args.save_strategy,
-            "save_steps": args.save_steps, "save_total_limit": args.save_total_limit, "max_steps": args.max_steps,
+            "save_steps": args.save_steps, "save_total_limit": args.save_total_limit,
             "eval_every": run_args.eval_every}
     output_dir = args.output_dir
     train = args.do_train
@@ -182,7 +178,7 @@ def measure_and_predict(report, setup, stages) -> None:
         run_args.telemetry, run_args.eval_every, run_args.profile = True, None, False
         try:
             callbacks, _, trainer = stages.trainer(setup, features, collator)
-            steps = job_steps(trainer, plan["max_steps"]) if train else (0, 1)
+            steps = job_steps(trainer) if train else (0, 1)
             write_rate(report, setup, output_dir, plan, steps)
             if train and report.problem is None:
                 measure_training(report, trainer, callbacks["telemetry"], steps[0])
@@ -202,10 +198,11 @@ def measure_and_predict(report, setup, stages) -> None:
         predict(report, setup, features, plan, steps if train else (0, 1))
 
 
-def job_steps(trainer, max_steps: int) -> tuple:
+def job_steps(trainer) -> tuple:
     """(optimizer steps, steps per epoch) of the job, by the Trainer's arithmetic on its dataloader's length."""
     batches = len(trainer.get_train_dataloader())  # per rank
     per_epoch = max(math.ceil(batches / trainer.args.gradient_accumulation_steps), 1)
+    max_steps = trainer.args.max_steps  # the config's: the check's own is set only when it trains
     return (max_steps if max_steps > 0 else math.ceil(trainer.args.num_train_epochs * per_epoch)), per_epoch
 
 
@@ -332,12 +329,8 @@ def predict(report, setup, features, plan, steps) -> None:
     limit = math.ceil((total * (1 + MARGIN) + JOB_START_S) / ROUND_S) * ROUND_S
     report.predicted.update(seconds={k: round(v, 2) for k, v in p.items()}, total_s=round(total, 1),
                             steps=total_steps, evaluations_during_training=during, time_limit=slurm_time(limit))
-    report.line("prediction", f"the job takes about {minutes(total)} ({total_steps} steps, {during} evaluation(s) "
+    report.line("prediction", f"the job takes about {total / 60:.1f} min ({total_steps} steps, {during} evaluation(s) "
                 f"during training); ask for --time={slurm_time(limit)} (30% and 2 minutes more)")
-
-
-def minutes(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def slurm_time(seconds: int) -> str:
