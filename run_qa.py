@@ -26,7 +26,7 @@ from qa.console import configure_logging, configure_output
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
 from qa.data.sources import load_raw_datasets
-from qa.distributed import close_process_group, every_rank, on_main_rank
+from qa.distributed import close_process_group, every_rank, exit_process, on_main_rank
 from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command
 from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
@@ -306,5 +306,10 @@ def main(argv=None, callbacks=()):
     return run(sys.argv[1:] if argv is None else argv, callbacks)
 
 
+def cli():
+    """The command line's entry (run_qa.py, bert-squad-run): main's status, as the process's exit status."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -3,6 +3,8 @@ itself under torchrun, and refuse bad input cleanly."""
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -345,6 +347,20 @@ def test_torchrun_without_gpu_trains_as_one_gloo_group(tmp_path, tmp_path_factor
     features = results(out)["train_features"]
     steps = json.loads((out / "trainer_state.json").read_text())["global_step"]
     assert steps == math.ceil(features / (2 * 4)), (steps, features)  # batch 4 on each of 2 ranks
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_a_command_leaves_with_its_status_and_a_torchrun_rank_without_teardown(world_size):
+    """run_qa.py's exit: a torchrun rank (WORLD_SIZE > 1) skips the interpreter's teardown, where gloo's threads
+    aborted finished ranks, yet its status, prints and logs get out; one process exits as usual."""
+    code = ("import atexit, logging; from qa.distributed import exit_process; logging.basicConfig(); "
+            "atexit.register(print, 'teardown'); print('printed'); logging.getLogger('t').warning('logged'); "
+            "exit_process(3)")
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"} | {"WORLD_SIZE": world_size}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 3 and "logged" in proc.stderr, proc.stderr
+    assert proc.stdout.split() == (["printed"] if world_size == "2" else ["printed", "teardown"])
 
 
 @pytest.mark.slow
