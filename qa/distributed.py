@@ -1,8 +1,9 @@
 """The distributed stage of a run: decisions one process makes for every rank (taking the output folder's lock,
 choosing and verifying the checkpoint to resume), on whose outcome, an error included, every rank then acts (a rank
 left waiting for a main rank that stopped would wait in its next collective until the timeout, 30 minutes by
-default); and the switches that shrink the gradient communication: PyTorch's own DDP compression hooks
-(--ddp_comm_hook) and the dtype FSDP reduces gradients in (--fsdp_reduce_dtype)."""
+default); how the ranks end a run together and leave (close_process_group, exit_process); and the switches that
+shrink the gradient communication: PyTorch's own DDP compression hooks (--ddp_comm_hook) and the dtype FSDP
+reduces gradients in (--fsdp_reduce_dtype)."""
 import dataclasses
 import logging
 import os
