@@ -83,6 +83,7 @@ def check_job(parsed, stages) -> int:
         print(verdict(report.problem), flush=True)
     close_process_group()  # every rank leaves once rank 0 has written the check
     if report.problem is not None:
+        report.problem.exit_code = EXIT_INPUT_ERROR  # not ready, whatever found it: an out of memory too
         raise report.problem
     return 0
 
@@ -187,9 +188,8 @@ def measure_and_predict(report, setup, stages) -> None:
                 measure_evaluation(report, trainer, setup.examples[split], features[split])
         except torch.OutOfMemoryError as err:  # in a training step or an evaluation: the run's own fix
             in_training = train and "train_s" not in m
-            problem = stages.out_of_memory(args, err, None if in_training else "then check again")
-            problem.exit_code = EXIT_INPUT_ERROR  # not ready, as every other finding
-            report.line("training" if in_training else "evaluation", "out of memory", problem)
+            report.line("training" if in_training else "evaluation", "out of memory",
+                        stages.out_of_memory(args, err, None if in_training else "then check again"))
         except InputError as err:  # what the job would refuse too, found on the way (features, scoring)
             report.line("training" if train and "train_s" not in m else "evaluation", "refused", err)
         finally:
@@ -253,8 +253,9 @@ def acts(strategy, every, steps: int, per_epoch: int) -> set:
     if strategy == "steps":
         interval = max(math.ceil(every * steps) if every < 1 else int(every), 1)
         return {*range(interval, steps + 1, interval), steps} if steps else set()
-    return {min(e * per_epoch, steps) for e in range(1, math.ceil(steps / per_epoch) + 1)} if strategy == "epoch" \
-        else set()
+    if strategy == "epoch":
+        return {min(e * per_epoch, steps) for e in range(1, math.ceil(steps / per_epoch) + 1)}
+    return set()
 
 
 def measure_training(report, trainer, telemetry, steps: int) -> None:

@@ -121,3 +121,33 @@ def test_the_check_moves_nothing_in_a_folder_that_holds_an_earlier_run(tmp_path,
     (out / "all_results.json").write_text("{}")
     assert main([TINY, "--check", "--resume", "never", "--output_dir", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"checkpoint-10", "all_results.json", *RUN_FILES}
+
+
+def test_out_of_memory_in_the_measured_steps_is_not_ready_with_the_batch_fix(tmp_path, monkeypatch, capsys):
+    """The device running out of memory in a measured training step (raised on a CPU, as torch raises it): not
+    ready with the run's own fix (a smaller per-device batch), status 2 like every other finding, not the run's 3."""
+    import functools
+
+    import torch
+    from transformers import BertForQuestionAnswering
+
+    from run_qa import main
+
+    go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR", "SLURM_JOB_ID"))
+    forward = BertForQuestionAnswering.forward
+
+    @functools.wraps(forward)
+    def runs_out_in_training(self, *args, **kwargs):
+        if self.training:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(BertForQuestionAnswering, "forward", runs_out_in_training)
+    out = tmp_path / "run"
+    assert main([TINY, "--check", "--output_dir", str(out)]) == 2
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert verdict.startswith("not ready: per_device_train_batch_size=") and "pass a smaller" in verdict, verdict
+    record = _check(out)
+    assert [c["check"] for c in record["checks"] if not c["ok"]] == ["training"] and "prediction" not in [
+        c["check"] for c in record["checks"]]
+    assert {p.name for p in out.iterdir()} == RUN_FILES

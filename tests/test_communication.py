@@ -29,9 +29,9 @@ def _free_port():
 def _hook_worker(rank, port, hook, out):
     import torch.distributed as dist
 
-    from qa.distributed import DDP_HOOKS
+    from qa.distributed import DDP_HOOKS, exit_process
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 32), bucket_cap_mb=1)
@@ -43,11 +43,8 @@ def _hook_worker(rank, port, hook, out):
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     if rank == 0:
         torch.save({"registered": registered, "grads": grads}, out)
-    # Both ranks done, then out without gloo's teardown: its threads can abort a process at exit ("terminate
-    # called without an active exception", seen in full runs here even after a barrier and
-    # destroy_process_group), which would fail the test on a result already saved.
     dist.barrier()
-    os._exit(0)
+    exit_process(0)  # as run_qa.py's ranks leave: without gloo's teardown, which can abort a finished rank
 
 
 def _synced_gradients(tmp_path, hook):
