@@ -20,6 +20,8 @@ Pieces, in order of value (bench/README.md has the prepared call and the estimat
   attempt-*   run_bench.py: a change the GPU profile points to, beside reference_bf16 and fast (fast_cudagraphs,
               fast_whole_model)
   variants    run_bench.py: reference (fp32), fast_no_compile, fast_static64
+The run_bench.py pieces of a call share one features and compile cache (bench's own, not train's): fast, in bench
+and in each attempt, is tokenized and compiled once per call (its compile warm-up is cold only in the first of them).
 A piece counts as done only when it ran to its end and every compiled variant compiled (dynamo's counters show
 graphs and no frame fell back to eager) with nothing compiled in a timed window. The deadline counts from the
 process's start; each step runs in its own process group, stopped with it at the deadline or on SIGTERM; each
@@ -92,7 +94,7 @@ def piece_command(piece, mode, work, dev):
     if piece in BENCH_VARIANTS:
         return py + [str(REPO / "bench" / "run_bench.py"), "--size", mode, "--train_file", str(dev), "--variants",
                      BENCH_VARIANTS[piece], *(CPU_BENCH if cpu else []), "--out", str(folder),
-                     "--work", str(work / "work" / piece)]
+                     "--work", str(work / "work" / piece), "--cache", str(work / "work" / "bench" / "features")]
     if piece.startswith("parity-"):
         _, recipe, seed = piece.split("-")
         return py + [str(REPO / "bench" / "parity.py"), "--size", "smoke" if cpu else "gpu", "--dev", str(dev),

@@ -57,7 +57,7 @@ SIZES = {
     "cpu": dict(max_seq_length=256, doc_stride=96, max_query_length=64, train_articles="0:12",
                 validation_articles="42:", epochs=2, eval_every=0.25, eval_questions=400, jobs=2),
     "smoke": dict(max_seq_length=128, doc_stride=48, max_query_length=32, train_articles="2:3",
-                  validation_articles="42:43", epochs=1, eval_every=0.5, eval_questions=None, jobs=2),
+                  validation_articles="42:43", epochs=1, eval_every=0.5, eval_questions=60, jobs=2),
 }
 RECIPES = ("reference", "fast", "fast_b12")
 SEEDS = (42, 43)

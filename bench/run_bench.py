@@ -184,7 +184,7 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log, extra_args
         "--max_steps", str(max_steps), *window,
         "--output_dir", str(out), "--resume", "never",
         "--report_to", "none", "--save_strategy", "no", "--logging_steps", "100000", "--disable_tqdm", "true",
-        "--seed", "42", "--features_cache_dir", str(work / "features"),
+        "--seed", "42", "--features_cache_dir", str(args.cache or work / "features"),
         *to_flags(settings), *extra_args,
     ]
     if peak:  # one yardstick for every variant: the device's dense bf16 peak
@@ -550,6 +550,9 @@ def main(argv=None):
                         "several times slower and erratic (measured here: 0.3 s/step with 1 thread, 1-5 s with 2)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and Markdown go")
     parser.add_argument("--work", type=Path, default=RESULTS / "tmp", help="scratch: model, features, run folders")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="the features and compile cache (default: WORK/features); one shared by several "
+                        "benchmarks compiles a variant they have in common once (its compile_warmup_s is then warm)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch run folders")
     args = parser.parse_args(argv)
 

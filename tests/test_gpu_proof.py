@@ -89,6 +89,10 @@ def test_every_piece_brings_its_figures(rehearsal):
         attempt = json.loads((results / f"{piece}.json").read_text())["findings"]
         assert set(attempt["variants"]) == {"reference_bf16", "fast", variant}
         assert attempt["variants"][variant]["compiled"] == "yes"
+    # the bench pieces of a call share one compile cache: the second attempt's fast compiles nothing
+    report = json.loads(next((results / "attempt-whole-model").glob("bench-*.json")).read_text())
+    fast_compile = report["variants"]["fast"]["compile"]
+    assert fast_compile["fxgraph_cache_miss"] == 0 and fast_compile["fxgraph_cache_hit"] > 0, fast_compile
     variants = json.loads((results / "variants.json").read_text())["findings"]
     assert set(variants["variants"]) == {"reference", "fast_no_compile", "fast_static64"}
     train = json.loads((results / "train.json").read_text())["findings"]
