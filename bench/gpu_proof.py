@@ -17,8 +17,8 @@ Pieces, in order of value (bench/README.md has the prepared call and the estimat
   check       the check job (`--check`) of train's command, compiling into a cache of its own: its verdict, the GPU
               lines, and its predicted time against train's measured wall clock; after train, in the same call
   parity-*    parity.py, one run per piece: the reference and the fast recipe, seeds 42 and 43 (the MiniLM)
-  attempt-*   run_bench.py: a change the GPU profile points to, beside reference_bf16 and fast (fast_cudagraphs,
-              fast_whole_model)
+  attempt-*   run_bench.py: a change the GPU profile points to, beside reference_bf16 and fast (fast_non_blocking,
+              fast_cudagraphs, fast_whole_model)
   variants    run_bench.py: reference (fp32), fast_no_compile, fast_static64
 The run_bench.py pieces of a call share one features and compile cache (bench's own, not train's): fast, in bench
 and in each attempt, is tokenized and compiled once per call (its compile warm-up is cold only in the first of them).
@@ -52,12 +52,13 @@ from qa.io import atomic_write_json, atomic_write_text, read_json
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "gpu"
 PARITY = [f"parity-{recipe}-{seed}" for seed in (42, 43) for recipe in ("reference", "fast")]
-ATTEMPTS = ["attempt-cudagraphs", "attempt-whole-model"]
+ATTEMPTS = ["attempt-non-blocking", "attempt-cudagraphs", "attempt-whole-model"]  # the cheapest change first
 # train-warm: the same training again, after train in the same call, from the compile cache train filled
 PIECES = ["bench", "train", "train-warm", "check", *PARITY, *ATTEMPTS, "variants"]
 # run_bench.py's variants of the pieces that benchmark: each attempt measures a change the GPU profile points to
 # (host time per step: docs/benchmarks.md) beside the bf16 reference and fast, in one call.
-BENCH_VARIANTS = {"bench": "reference_bf16,fast", "attempt-cudagraphs": "reference_bf16,fast,fast_cudagraphs",
+BENCH_VARIANTS = {"bench": "reference_bf16,fast", "attempt-non-blocking": "reference_bf16,fast,fast_non_blocking",
+                  "attempt-cudagraphs": "reference_bf16,fast,fast_cudagraphs",
                   "attempt-whole-model": "reference_bf16,fast,fast_whole_model",
                   "variants": "reference,fast_no_compile,fast_static64"}
 # Seconds each piece is expected to take before it ran to its end (GPU: measured on one H100 where a piece has

@@ -65,13 +65,13 @@ def test_calls_add_up_and_each_comes_back_small(rehearsal):
     assert all(r["status"] == "ok" for r in call1["pieces"].values()), call1["pieces"]
     # the second call runs the preflight and only what the first left
     assert call2["already_done"] == sorted(["bench", *PARITY.split(",")])
-    assert list(call2["pieces"]) == ["preflight", "train", "train-warm", "check", "attempt-cudagraphs",
-                                     "attempt-whole-model", "variants"]
+    assert list(call2["pieces"]) == ["preflight", "train", "train-warm", "check", "attempt-non-blocking",
+                                     "attempt-cudagraphs", "attempt-whole-model", "variants"]
     assert all(r["status"] == "ok" for r in call2["pieces"].values()), call2["pieces"]
     for out in (out1, out2):
         assert_comes_back(out)
-    for piece in ("bench", "train", "train-warm", "check", "attempt-cudagraphs", "attempt-whole-model", "variants",
-                  *PARITY.split(",")):
+    for piece in ("bench", "train", "train-warm", "check", "attempt-non-blocking", "attempt-cudagraphs",
+                  "attempt-whole-model", "variants", *PARITY.split(",")):
         r = json.loads((results / f"{piece}.json").read_text())
         assert r["status"] == "ok" and r["device"] and r["versions"]["torch"] and r["started_utc"] and r["command"]
     proof_md = (results / "proof.md").read_text()
@@ -85,11 +85,15 @@ def test_every_piece_brings_its_figures(rehearsal):
     assert set(bench["variants"]) == {"reference_bf16", "fast"} and not bench["failed"]
     assert bench["variants"]["fast"]["compiled"] == "yes" and bench["variants"]["fast"]["compiles_in_window"] == 0
     assert "fast/reference_bf16" in bench["ratios"]
-    for piece, variant in (("attempt-cudagraphs", "fast_cudagraphs"), ("attempt-whole-model", "fast_whole_model")):
+    for piece, variant in (("attempt-non-blocking", "fast_non_blocking"), ("attempt-cudagraphs", "fast_cudagraphs"),
+                           ("attempt-whole-model", "fast_whole_model")):
         attempt = json.loads((results / f"{piece}.json").read_text())["findings"]
         assert set(attempt["variants"]) == {"reference_bf16", "fast", variant}
         assert attempt["variants"][variant]["compiled"] == "yes"
-    # the bench pieces of a call share one compile cache: the second attempt's fast compiles nothing
+    used = json.loads(next((results / "attempt-non-blocking").glob("bench-*.json")).read_text())["variants"]
+    assert used["fast_non_blocking"]["used"]["dataloader_non_blocking"] is True  # read from the live accelerator
+    assert used["fast"]["used"]["dataloader_non_blocking"] is False
+    # the bench pieces of a call share one compile cache: a later attempt's fast compiles nothing
     report = json.loads(next((results / "attempt-whole-model").glob("bench-*.json")).read_text())
     fast_compile = report["variants"]["fast"]["compile"]
     assert fast_compile["fxgraph_cache_miss"] == 0 and fast_compile["fxgraph_cache_hit"] > 0, fast_compile

@@ -111,6 +111,7 @@ def describe_training(args, model, optimizer=None, train_dataloader=None, accele
         "sampler": type(sampler).__name__ if sampler is not None else None,
         "collator": type(getattr(train_dataloader, "collate_fn", None)).__name__ if train_dataloader else None,
         "dataloader_num_workers": getattr(train_dataloader, "num_workers", None),
+        "dataloader_non_blocking": accelerator.non_blocking if accelerator is not None else None,
         "matmul_precision": autocast_precision(args, accelerator),  # TF32 as torch has it, not as asked
         "torch_compile": bool(args.torch_compile),
         "per_device_train_batch_size": args.per_device_train_batch_size,
