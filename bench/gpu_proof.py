@@ -21,8 +21,8 @@ Pieces, in order of value (bench/README.md has the prepared call and the estimat
   check       the check job (`--check`) of train's command, compiling into a cache of its own: its verdict, the GPU
               lines, and its predicted time against train's measured wall clock; after train, in the same call
   variants    run_bench.py: reference (fp32), fast_no_compile, fast_static64
-The run_bench.py pieces of a call share one features and compile cache (bench's own, not train's): fast, in bench
-and in each attempt, is tokenized and compiled once per call (its compile warm-up is cold only in the first of them).
+The run_bench.py pieces of a call share one compile cache (bench's own, not train's): fast, in bench and in each
+attempt, is compiled once per call (its compile warm-up is cold only in the first of them).
 A piece counts as done only when it ran to its end and every compiled variant compiled (dynamo's counters show
 graphs and no frame fell back to eager) with nothing compiled in a timed window. The deadline counts from the
 process's start; each step runs in its own process group, stopped with it at the deadline or on SIGTERM; each
@@ -96,7 +96,8 @@ def piece_command(piece, mode, work, dev):
     if piece in BENCH_VARIANTS:
         return py + [str(REPO / "bench" / "run_bench.py"), "--size", mode, "--train_file", str(dev), "--variants",
                      BENCH_VARIANTS[piece], *(CPU_BENCH if cpu else []), "--out", str(folder),
-                     "--work", str(work / "work" / piece), "--cache", str(work / "work" / "bench" / "features")]
+                     "--work", str(work / "work" / piece),  # and bench's compile cache, where run_qa.py puts it
+                     "--compile_cache_dir", str(work / "work" / "bench" / "features" / "torch_compile")]
     if piece.startswith("parity-"):
         _, recipe, seed = piece.split("-")
         return py + [str(REPO / "bench" / "parity.py"), "--size", "smoke" if cpu else "gpu", "--dev", str(dev),
@@ -544,7 +545,7 @@ def assess(pieces: dict, preflights: dict) -> list:
     out = []
     bench = pieces.get("bench", {})
     f = bench.get("findings") or {}
-    fast, ref = (f.get("variants") or {}).get("fast"), (f.get("variants") or {}).get("reference_bf16")
+    fast = (f.get("variants") or {}).get("fast")
     ratio = (f.get("ratios") or {}).get("fast/reference_bf16", {}).get("real_tokens_per_second")
     out.append({"target": "fast >= 3x the bf16 reference (real tokens/s, one call)", "measured": ratio,
                 "met": None if ratio is None else ratio >= 3})

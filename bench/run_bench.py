@@ -188,7 +188,7 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log, extra_args
         "--max_steps", str(max_steps), *window,
         "--output_dir", str(out), "--resume", "never",
         "--report_to", "none", "--save_strategy", "no", "--logging_steps", "100000", "--disable_tqdm", "true",
-        "--seed", "42", "--features_cache_dir", str(args.cache or work / "features"),
+        "--seed", "42", "--features_cache_dir", str(work / "features"),
         *to_flags(settings), *extra_args,
     ]
     if peak:  # one yardstick for every variant: the device's dense bf16 peak
@@ -554,9 +554,9 @@ def main(argv=None):
                         "several times slower and erratic (measured here: 0.3 s/step with 1 thread, 1-5 s with 2)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON and Markdown go")
     parser.add_argument("--work", type=Path, default=RESULTS / "tmp", help="scratch: model, features, run folders")
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="the features and compile cache (default: WORK/features); one shared by several "
-                        "benchmarks compiles a variant they have in common once (its compile_warmup_s is then warm)")
+    parser.add_argument("--compile_cache_dir", type=Path, default=None,
+                        help="run_qa.py's compile cache for every variant (default: its own, in WORK); one shared by "
+                        "several benchmarks compiles a variant they have in common once (compile_warmup_s then warm)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch run folders")
     args = parser.parse_args(argv)
 
@@ -577,9 +577,6 @@ def main(argv=None):
     for name in variants:
         variant_settings(name, True, False)  # unknown names fail before anything runs
 
-    import torch
-    import transformers
-
     device_name, on_gpu = _device_name()
     peak, peak_source = peak_flops(device_name if on_gpu else None, "bf16", args.peak_tflops)
     work = args.work
@@ -598,12 +595,13 @@ def main(argv=None):
     # or quieter in between affects all variants alike; each variant reports its median run. The report
     # is written again after every variant, so a run stopped at a time limit keeps what it finished.
     runs, failed = {name: [] for name in variants}, {}
+    cache = ["--compile_cache_dir", str(args.compile_cache_dir)] if args.compile_cache_dir else []
     for _ in range(args.repeat):
         for name in variants:
             if name in failed:
                 continue
             try:
-                runs[name].append(run_variant(name, args, size, model_dir, work, on_gpu, peak, log))
+                runs[name].append(run_variant(name, args, size, model_dir, work, on_gpu, peak, log, cache))
             except VariantFailed as err:
                 failed[name] = err.record
                 log(f"[{name}] failed: {err.record['why']}")
