@@ -97,7 +97,8 @@ def test_markdown_names_device_versions_command(report):
 
 
 @pytest.mark.parametrize("script, option", [("run_bench.py", "--train_file"), ("parity.py", "--dev"),
-                                            ("bench_features.py", "--dev"), ("bench_postprocess.py", "--dev")])
+                                            ("bench_features.py", "--dev"), ("bench_postprocess.py", "--dev"),
+                                            ("bench_input.py", "--dev")])
 def test_a_missing_dev_set_is_one_line_not_a_substitute(script, option, tmp_path):
     """No generated data stands in for a dev set that is not there (run_bench.py takes it only
     when asked by name, --dataset_name synthetic), and no traceback: one line, exit 2."""
@@ -151,3 +152,30 @@ def test_the_reported_run_is_the_median_of_those_that_compiled_nothing():
     pick, why = bench.median_run([run(10, 0), run(99, 3), run(20, 0), run(15, 0)])
     assert pick == 3 and "3 of 4" in why  # 99 samples/s compiled: not among the candidates
     assert bench.median_run([run(10, 1), run(30, 2), run(20, 1)])[0] == 2  # all compiled: marked in the report
+
+
+@pytest.mark.skipif(not DEV_SET.exists(), reason="needs the SQuAD v1.1 dev set (bench/dev_set.py)")
+def test_bench_input_runs_at_a_tiny_size(tmp_path):
+    """bench/bench_input.py on 200 questions, in-process and one worker: both results files, every figure
+    filled, the projection from the one-worker run (no timing thresholds: this machine's speed says nothing)."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_input.py"), "--max_train_samples", "200",
+                           "--workers", "0", "1", "--repeat", "1", "--epochs", "2",
+                           "--features_cache_dir", str(tmp_path / "features"), "--out", str(tmp_path / "results")],
+                          cwd=REPO, env=dict(os.environ, HF_HOME=str(tmp_path / "hf")), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    paths = json.loads(proc.stdout.strip().splitlines()[-1])
+    r, md = json.loads(open(paths["json"]).read()), open(paths["markdown"]).read()
+    assert paths["json"].rsplit("/", 1)[1].startswith("input-cpu-") and paths["meets"] == r["summary"]["meets"]
+    for key in ("versions", "date_utc", "command", "host", "cpu", "cores", "load_avg"):
+        assert r[key], key
+    assert r["command"].startswith("python bench/bench_input.py --max_train_samples 200")
+    assert r["batch"] == 48 and r["in_process"]["collator"] == "BucketPaddingCollator"
+    assert r["in_process"]["sampler"] == "LengthGroupedSampler" and r["features"] >= 200
+    (inline,), (one,) = r["runs"]["0"], r["runs"]["1"]
+    assert inline["windows"] == one["windows"] == r["features"]  # one timed epoch: every window once
+    assert inline["workers_cpu_ms_per_batch"] is None and one["workers_cpu_ms_per_batch"] >= 0
+    s = r["summary"]
+    assert s["per_worker_basis_workers"] == 1 and s["config_workers"] == 4 and s["target"] == 5902
+    assert s["projected"] == min(4 * s["per_worker"], s["main_process_ceiling"])
+    assert "Projection, not a measurement" in md and "| 1 | " in md and r["versions"]["torch"] in md
