@@ -16,7 +16,10 @@ held-out question. Recipes:
 - `fast`: configs/fast.json as it is (its batch, lr and warm-up, with its speed switches; on a CPU
   without TF32 and torch.compile);
 - `fast_b12`: the fast path's speed switches with the reference's batch and lr: tells whether the
-  switches or the batch/lr moved the F1.
+  switches or the batch/lr moved the F1;
+- `fast_b128`, `fast_b256`: fast with larger batches, the lr by the square-root rule from fast's
+  (bench/run_bench.py); on a CPU a batch over CPU_MICRO_BATCH is accumulated from micro-batches of
+  that size (memory), the same optimizer steps.
 Every recipe runs with every seed (`--seeds`), in the order seed by seed, so that runs sharing the
 machine at a time are of different recipes and see the same load. Each finished run is written at
 once to `bench/results/time-to-f1-<size>-<device>/runs/<recipe>-seed<N>.json`, and the report
@@ -39,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from run_bench import RESULTS, REFERENCE, _slug, data_source, variant_settings  # the script beside this one
+from run_bench import BATCH_VARIANTS, RESULTS, REFERENCE, _slug, data_source, variant_settings  # the script beside this one
 
 from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
 from qa.arguments import to_flags
@@ -59,7 +62,8 @@ SIZES = {
     "smoke": dict(max_seq_length=128, doc_stride=48, max_query_length=32, train_articles="2:3",
                   validation_articles="42:43", epochs=1, eval_every=0.5, eval_questions=60, jobs=2),
 }
-RECIPES = ("reference", "fast", "fast_b12")
+RECIPES = ("reference", "fast", "fast_b12", *BATCH_VARIANTS)
+CPU_MICRO_BATCH = 64
 SEEDS = (42, 43)
 RUN_KEYS = ("eval_f1", "eval_exact_match", "eval_loss", "train_loss", "train_runtime", "train_samples_per_second",
             "train_seconds_excluding_evaluation", "eval_runtime", "train_examples", "train_features",
@@ -74,6 +78,13 @@ def recipe_settings(name, on_gpu):
         settings.update(per_device_train_batch_size=REFERENCE["per_device_train_batch_size"],
                         learning_rate=REFERENCE["learning_rate"])
         settings.pop("warmup_steps", None)
+    elif name in BATCH_VARIANTS:
+        settings, notes = variant_settings(name, on_gpu, cpu_compile=False)
+        batch = settings["per_device_train_batch_size"]
+        if not on_gpu and batch > CPU_MICRO_BATCH:
+            settings.update(per_device_train_batch_size=CPU_MICRO_BATCH, global_batch=batch)
+            notes.append(f"batch {batch} as {batch // CPU_MICRO_BATCH} accumulated micro-batches of {CPU_MICRO_BATCH} "
+                         "(a CPU run's memory)")
     elif name != "fast":
         raise InputError("--recipes", f"unknown recipe {name!r}", f"choose from {', '.join(RECIPES)}")
     return settings, notes
@@ -157,7 +168,7 @@ def summarise(runs, target):
             "train_seconds_to_target": seconds, "steps_to_target": [t["step_at_target_f1"] for t in to_target],
             "windows_to_target": [t["train_seconds_to_target_f1"] for t in by_windows],
             "train_seconds_to_target_mean": (statistics.mean(seconds) if None not in seconds else None),
-            "batch": mine[0]["settings"].get("per_device_train_batch_size"),
+            "batch": mine[0]["settings"].get("global_batch") or mine[0]["settings"].get("per_device_train_batch_size"),
             "learning_rate": mine[0]["settings"].get("learning_rate")}
     ref = recipes.get("reference")
     for name, rec in recipes.items():
@@ -239,7 +250,7 @@ def plot(report, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = dict(zip(RECIPES, ("tab:blue", "tab:orange", "tab:green")))
+    colours = dict(zip(RECIPES, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in report["runs"]:
         xs = [0] + [e["train_seconds"] for e in r["curve"]]

@@ -21,8 +21,10 @@ timed window (`--telemetry_window`) gives the counts and seconds compared here):
   window (steps/s), beside `fast` in the same run and repeats (`instruments_off` in the report);
 - opt-in (`--variants`): `fast_no_compile`; `fast_static64` (lengths padded to multiples of
   64, one static graph per length: the alternative to dynamic-shape compilation); `fast_cudagraphs`
-  (fast_static64 with torch.compile's reduce-overhead mode: CUDA graphs replay each step's kernels,
-  against the host overhead the GPU profile showed); `fast_whole_model` (the whole model compiled as
+  (the whole model compiled with torch.compile's reduce-overhead mode over four static widths: CUDA
+  graphs replay each step's kernels, against the host overhead the GPU profile showed); `fast_b128`,
+  `fast_b256` (larger batches, the lr by the square-root rule); `fast_combined` (fast_non_blocking at
+  COMBINED_BATCH); `fast_whole_model` (the whole model compiled as
   one graph instead of each encoder layer: fewer compiled calls, and their guards, per step);
   `fast_non_blocking` (accelerate copies each batch to the GPU with non_blocking: a blocking copy waits
   for every kernel queued before it, so the host cannot queue a step while the GPU runs the last one).
@@ -39,7 +41,8 @@ counts), real (non-padding) tokens/s, MFU on real tokens (6 x non-embedding para
 per real token, the issue's definition, against the device's dense bf16 peak for every variant,
 one yardstick; null on a CPU unless --peak_tflops), peak memory, the projected time of 2 epochs
 of SQuAD v1.1 (88,524 training features at 384/128) at the measured real-token rate, and the
-fast/reference ratios. Results: bench/results/bench-<size>-<device>-<time>.json and .md.
+fast/reference ratios (other fast variants also against fast); with `--profile_steps N`, the share of
+the N steps before the window in which the GPU was busy, from torch.profiler's trace. Results: bench/results/bench-<size>-<device>-<time>.json and .md.
 """
 import argparse
 import json
@@ -95,7 +98,18 @@ JOB_KEYS = {"_comment", "model_name_or_path", "dataset_name", "train_file", "val
 DEFAULT_VARIANTS = ("reference", "reference_bf16", "fast", "fast_no_instruments")
 # Every instrument off (no --eval_every either): the run as a bare Trainer would train it.
 NO_INSTRUMENTS = {"telemetry": False, "checkpoint_on_sigterm": False, "log_lines": False}
-EXTRA_VARIANTS = ("fast_no_compile", "fast_static64", "fast_cudagraphs", "fast_whole_model", "fast_non_blocking")
+# Larger batches: fast computes about 8k real tokens a step, little for an H100. The learning rate
+# follows the square-root rule (Malladi et al. 2022) from fast's measured point (batch 48, lr 1e-4).
+BATCH_VARIANTS = {"fast_b128": 128, "fast_b256": 256}
+# Static widths for CUDA graphs: each is one recorded graph per grad mode (pytorch#188150: a graph per new shape).
+CUDAGRAPH_BUCKETS = [128, 192, 256, 384]
+COMBINED_BATCH = "fast_b256"
+EXTRA_VARIANTS = ("fast_no_compile", "fast_static64", "fast_cudagraphs", "fast_whole_model", "fast_non_blocking",
+                  *BATCH_VARIANTS, "fast_combined")
+
+
+def sqrt_rule_lr(batch: int, base_batch: int, base_lr: float) -> float:
+    return float(f"{base_lr * math.sqrt(batch / base_batch):.2g}")
 
 
 def data_source(path) -> str:
@@ -125,16 +139,24 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
     if name == "fast_no_compile":
         settings.update(torch_compile=False)
         settings.pop("compile_warmup", None)
-    elif name in ("fast_static64", "fast_cudagraphs"):
-        settings.update(pad_to_multiple_of=64, compile_dynamic="false")  # CUDA graphs need static shapes
-        if name == "fast_cudagraphs":
-            settings.update(torch_compile_mode="reduce-overhead")
+    elif name == "fast_static64":
+        settings.update(pad_to_multiple_of=64, compile_dynamic="false")
+    elif name == "fast_cudagraphs":  # CUDA graphs need static shapes; per-layer graphs overwrite each other's outputs
+        settings.update(length_buckets=CUDAGRAPH_BUCKETS, compile_dynamic="false", compile_regional=False,
+                        torch_compile_mode="reduce-overhead")
     elif name == "fast_whole_model":
         settings.update(compile_regional=False)
-    elif name == "fast_non_blocking":  # the batch's copy to the GPU no longer waits for the previous step's kernels
+    elif name in ("fast_non_blocking", "fast_combined"):  # a batch's copy no longer waits for the last step's kernels
         settings.update(accelerator_config={"non_blocking": True})
+        if name == "fast_combined":  # with the largest batch the CPU real-text runs kept within the seed spread
+            settings.update(variant_settings(COMBINED_BATCH, on_gpu, cpu_compile)[0])
+            settings.update(accelerator_config={"non_blocking": True})
     elif name == "fast_no_instruments":
         settings.update(NO_INSTRUMENTS)
+    elif name in BATCH_VARIANTS:
+        batch = BATCH_VARIANTS[name]
+        settings.update(per_device_train_batch_size=batch, learning_rate=sqrt_rule_lr(
+            batch, settings["per_device_train_batch_size"], settings["learning_rate"]))
     elif name != "fast":
         raise SystemExit(f"unknown variant {name!r}: choose from {DEFAULT_VARIANTS + EXTRA_VARIANTS}")
     if not on_gpu:
@@ -164,6 +186,9 @@ def _slug(text: str) -> str:
 
 def run_variant(name, args, size, model_dir, work, on_gpu, peak, log, extra_args=()):
     settings, notes = variant_settings(name, on_gpu, args.cpu_compile)
+    if settings.get("length_buckets"):  # the widths this size has, its longest included
+        longest = size["max_seq_length"]
+        settings["length_buckets"] = [b for b in settings["length_buckets"] if b < longest] + [longest]
     # every variant sets its batch (REFERENCE, configs/fast.json): nothing falls back to a default
     batch = int(settings["per_device_train_batch_size"]) * int(settings.get("gradient_accumulation_steps", 1))
     timed = max(1, math.ceil(args.timed_samples / batch))
@@ -174,6 +199,9 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log, extra_args
         window += ["--telemetry_window_min_s", f"{args.window_min_s:g}"] if window else []
         steps += f":{args.window_min_s:g}"
         max_steps = args.warmup_steps + timed * MIN_S_STEP_ROOM
+    if args.profile_steps and settings.get("telemetry") is not False:  # the steps just before the window
+        window += ["--profile", "true", "--profile_wait", str(args.warmup_steps - args.profile_steps - 1),
+                   "--profile_warmup", "1", "--profile_active", str(args.profile_steps), "--profile_repeat", "1"]
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
     data = (["--train_file", str(args.train_file)] if args.train_file else ["--dataset_name", args.dataset_name])
@@ -313,6 +341,8 @@ def summarise(name, raw, size, peak_flops_per_s):
         "warmup_s": res.get("train_window_warmup_s", 0) + res.get("compile_warmup_s", 0),
         "first_step_s": res.get("train_first_step_s"),
         "process_wall_s": raw["process_wall_s"],
+        "wall_clock_breakdown": res.get("wall_clock_breakdown"),
+        "device_busy_share": res.get("train_profile_device_busy_share"),
         "compile": setup.get("compile"),
         "compiled": res.get("compiled"),  # the run's own verdict from dynamo's counters (None: not compiled)
         "compiles_in_window": res.get("train_window_compiles"),
@@ -352,7 +382,7 @@ def ratios(variants: dict) -> dict:
     timed a compilation: such a ratio is no result."""
     out = {}
     for fast in [v for v in variants if v.startswith("fast") and v != "fast_no_instruments"]:
-        for ref in ("reference", "reference_bf16"):
+        for ref in ("reference", "reference_bf16", *(("fast",) if fast != "fast" else ())):
             if ref in variants:
                 a, b = variants[fast], variants[ref]
                 out[f"{fast}/{ref}"] = {
@@ -437,9 +467,9 @@ def markdown(report: dict) -> str:
              f"{report['data']['train_features']} features, mean {f(report['data']['mean_real_tokens'])} real tokens of "
              f"{report['data']['max_seq_length']}); MFU against {report['peak']['source']}.", "",
              "| variant | samples/s (window) | samples/s at mean length | real tokens/s | padding | MFU (real, 6N) | "
-             "peak memory | 2 epochs projected | warm-up (incl. compile) | compiles in window | x reference | "
-             "x bf16 reference |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak memory | 2 epochs projected | warm-up (incl. compile) | compiles in window | GPU busy (profiled) | "
+             "x reference | x bf16 reference | x fast |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ratio(name, ref):
         pair = report["ratios"].get(f"{name}/{ref}")
@@ -460,8 +490,8 @@ def markdown(report: dict) -> str:
             f"| {marked} | {f(r['samples_per_second'])} | {f(at_mean)} | {f(r['real_tokens_per_second'], '{:,.0f}')} | "
             f"{f(r['padding_fraction'] * 100, '{:.0f}%')} | {f(r['mfu_real'], '{:.1%}')} | {f(mem, '{:.2f}')} {mem_label} | "
             f"{f(r['projected_2_epochs_s'], '{:,.0f} s')} | {f(r['warmup_s'], '{:.1f} s')} | "
-            f"{f(r.get('compiles_in_window'), '{:d}', 'not counted')} | {ratio(name, 'reference')} | "
-            f"{ratio(name, 'reference_bf16')} |")
+            f"{f(r.get('compiles_in_window'), '{:d}', 'not counted')} | {f(r.get('device_busy_share'), '{:.0%}', '-')} | "
+            f"{ratio(name, 'reference')} | {ratio(name, 'reference_bf16')} | {ratio(name, 'fast')} |")
     lines += ["", *failed_lines(report)] if report.get("failed") else []
     marked = [name for name, r in v.items() if compiled_in_window(r)]
     if marked:
@@ -558,6 +588,8 @@ def main(argv=None):
                         help="run_qa.py's compile cache for every variant (default: its own, in WORK); one shared by "
                         "several benchmarks compiles a variant they have in common once (compile_warmup_s then warm)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch run folders")
+    parser.add_argument("--profile_steps", type=int, default=0,
+                        help="profile this many steps just before each window (GPU busy share; outside the window)")
     args = parser.parse_args(argv)
 
     size = dict(SIZES[args.size])
@@ -573,6 +605,9 @@ def main(argv=None):
             setattr(args, key, size[key])
     if args.warmup_steps < 1 or args.timed_samples < 1:
         parser.error("--warmup_steps and --timed_samples must be at least 1 (the window opens at the end of a step)")
+    if args.profile_steps and args.warmup_steps < args.profile_steps + 1:
+        parser.error(f"--profile_steps {args.profile_steps} needs --warmup_steps {args.profile_steps + 1} or more "
+                     "(one traced step is discarded; the profiled steps end before the window)")
     variants = list(DEFAULT_VARIANTS + EXTRA_VARIANTS) if args.variants == "all" else args.variants.split(",")
     for name in variants:
         variant_settings(name, True, False)  # unknown names fail before anything runs

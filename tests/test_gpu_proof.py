@@ -53,7 +53,7 @@ def rehearsal(tmp_path_factory):
     results = tmp / "results"
     first = call(tmp, "first", results, 600, "--pieces", "bench," + PARITY)
     assert proof("collect", first[0], "--results", results).returncode == 0
-    second = call(tmp, "second", results, 800)
+    second = call(tmp, "second", results, 900)
     assert proof("collect", second[0], "--results", results).returncode == 0
     return tmp, results, first, second
 
@@ -65,15 +65,15 @@ def test_calls_add_up_and_each_comes_back_small(rehearsal):
     assert all(r["status"] == "ok" for r in call1["pieces"].values()), call1["pieces"]
     # the second call runs the preflight and only what the first left
     assert call2["already_done"] == sorted(["bench", *PARITY.split(",")])
-    assert list(call2["pieces"]) == ["preflight", "train", "attempt-non-blocking", "attempt-cudagraphs",
-                                     "attempt-whole-model", "train-warm", "check", "variants"]
+    assert list(call2["pieces"]) == ["preflight", "train", "attempts", "train-warm", "check", "variants"]
+    assert call2["pieces"]["attempts"]["attempts_run"] == bench_module("gpu_proof").ATTEMPT_VARIANTS  # all fit here
     assert all(r["status"] == "ok" for r in call2["pieces"].values()), call2["pieces"]
     for out in (out1, out2):
         assert_comes_back(out)
-    for piece in ("bench", "train", "train-warm", "check", "attempt-non-blocking", "attempt-cudagraphs",
-                  "attempt-whole-model", "variants", *PARITY.split(",")):
+    for piece in ("bench", "train", "train-warm", "check", "attempts", "variants", *PARITY.split(",")):
         r = json.loads((results / f"{piece}.json").read_text())
         assert r["status"] == "ok" and r["device"] and r["versions"]["torch"] and r["started_utc"] and r["command"]
+        assert piece == "attempts" or r["recipe_hash"] == bench_module("gpu_proof").recipe_hash(piece)
     proof_md = (results / "proof.md").read_text()
     assert "not run yet" not in proof_md and "| bench | ok |" in proof_md
 
@@ -85,18 +85,22 @@ def test_every_piece_brings_its_figures(rehearsal):
     assert set(bench["variants"]) == {"reference_bf16", "fast"} and not bench["failed"]
     assert bench["variants"]["fast"]["compiled"] == "yes" and bench["variants"]["fast"]["compiles_in_window"] == 0
     assert "fast/reference_bf16" in bench["ratios"]
-    for piece, variant in (("attempt-non-blocking", "fast_non_blocking"), ("attempt-cudagraphs", "fast_cudagraphs"),
-                           ("attempt-whole-model", "fast_whole_model")):
-        attempt = json.loads((results / f"{piece}.json").read_text())["findings"]
-        assert set(attempt["variants"]) == {"reference_bf16", "fast", variant}
-        assert attempt["variants"][variant]["compiled"] == "yes"
-    used = json.loads(next((results / "attempt-non-blocking").glob("bench-*.json")).read_text())["variants"]
+    gp = bench_module("gpu_proof")
+    attempts = json.loads((results / "attempts.json").read_text())["findings"]
+    assert list(attempts["variants"]) == gp.ATTEMPT_VARIANTS  # every attempt in one call, each against its fast
+    for variant, figures in attempts["variants"].items():
+        assert figures["compiled"] == "yes" and figures["x_fast"] > 0 and figures["x_reference_bf16"] > 0, variant
+        assert figures["recipe_hash"] == gp.recipe_hash(variant) and figures["call"] in attempts["calls"]
+        assert "device_busy_share" in figures  # None on a CPU: no device activity to profile
+    (call, run), = attempts["calls"].items()
+    assert set(run["base"]) == {"reference_bf16", "fast"} and not run["failed"]
+    used = json.loads(next((results / "attempts" / call).glob("bench-*.json")).read_text())["variants"]
     assert used["fast_non_blocking"]["used"]["dataloader_non_blocking"] is True  # read from the live accelerator
     assert used["fast"]["used"]["dataloader_non_blocking"] is False
-    # the bench pieces of a call share one compile cache: a later attempt's fast compiles nothing
-    report = json.loads(next((results / "attempt-whole-model").glob("bench-*.json")).read_text())
-    fast_compile = report["variants"]["fast"]["compile"]
-    assert fast_compile["fxgraph_cache_miss"] == 0 and fast_compile["fxgraph_cache_hit"] > 0, fast_compile
+    assert used["fast_b256"]["used"]["per_device_train_batch_size"] == 256
+    # the variants of one call share one compile cache: what fast compiled, fast_non_blocking finds there
+    nb_compile = used["fast_non_blocking"]["compile"]
+    assert nb_compile["fxgraph_cache_miss"] == 0 and nb_compile["fxgraph_cache_hit"] > 0, nb_compile
     variants = json.loads((results / "variants.json").read_text())["findings"]
     assert set(variants["variants"]) == {"reference", "fast_no_compile", "fast_static64"}
     train = json.loads((results / "train.json").read_text())["findings"]
@@ -247,3 +251,59 @@ def test_a_difference_within_the_seed_spread_is_no_difference():
     assert rec["reference"]["windows_to_target"][0] == pytest.approx(100 + 100 * 12 / 20)  # the same, on windows
     runs[2]["eval_f1"], runs[3]["eval_f1"] = 40.0, 41.0
     assert parity.summarise(runs, target)["fast"]["verdict"].startswith("lower F1 than the reference")
+
+
+def _attempts_entry(gp, call, variants, status="ok"):
+    """A call's attempts piece as `run` records it: every variant clean, each with its ratios to that call's bases."""
+    figures = {v: {"compiles_in_window": 0, "compiled": "yes", "projected_2_epochs_s": 100.0, "device_busy_share": 0.7,
+                   "recipe_hash": gp.recipe_hash(v), "x_fast": None if v == "fast" else 1.5} for v in variants}
+    return {"status": status, "wall_s": 300, "attempts_run": [v for v in variants if v in gp.ATTEMPT_VARIANTS],
+            "findings": {"variants": figures, "failed": {}}}
+
+
+def test_attempts_add_up_across_calls_and_fit_their_time(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # the recipes are read from the scripts beside it
+    gp = bench_module("gpu_proof")
+    est = gp.VARIANT_ESTIMATES["gpu"]
+    plan, need = gp.attempt_plan("gpu", tmp_path, 1000)
+    # the cheapest attempts first, beside reference_bf16 and fast, within the piece's 6 minutes
+    assert plan[0] == "fast_non_blocking" and need <= gp.ATTEMPTS_S
+    assert need == est["setup"] + sum(est[v] for v in gp.BASE_VARIANTS + plan)
+    assert gp.attempt_plan("gpu", tmp_path, 100) == ([], est["setup"] + est["reference_bf16"] + est["fast"])
+
+    first = gp.merge_attempts(tmp_path, _attempts_entry(gp, "c1", gp.BASE_VARIANTS + plan), "c1")
+    assert first["status"] == "partial" and list(first["findings"]["variants"]) == plan
+    (tmp_path / "attempts.json").write_text(json.dumps(first))
+    later, _ = gp.attempt_plan("gpu", tmp_path, 1000)
+    assert later and not set(later) & set(plan)  # a later call measures what is left
+    rest = [v for v in gp.ATTEMPT_VARIANTS if v not in plan]
+    second = gp.merge_attempts(tmp_path, _attempts_entry(gp, "c2", gp.BASE_VARIANTS + rest, "failed"), "c2")
+    assert second["status"] == "ok" and set(second["findings"]["calls"]) == {"c1", "c2"}
+    assert {second["findings"]["variants"][v]["call"] for v in plan} == {"c1"}  # the earlier ones kept
+    (tmp_path / "attempts.json").write_text(json.dumps(second))
+    assert gp.attempts_left(tmp_path) == [] and "attempts" in gp.finished(tmp_path)
+
+    # an attempt measured with other settings than today's counts as missing again
+    second["findings"]["variants"]["fast_b256"]["recipe_hash"] = "0ld"
+    (tmp_path / "attempts.json").write_text(json.dumps(second))
+    assert gp.attempts_left(tmp_path) == ["fast_b256"] and "attempts" not in gp.finished(tmp_path)
+    assert "fast_b256" in gp.older_recipe("attempts", second)
+
+
+def test_a_piece_of_an_older_recipe_counts_as_missing(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    gp = bench_module("gpu_proof")
+    record = {"status": "ok", "recipe_hash": gp.recipe_hash("bench")}
+    run_bench = sys.modules["run_bench"]  # the module the proof reads its recipes through
+    (tmp_path / "bench.json").write_text(json.dumps(record))
+    (tmp_path / "parity-reference-42.json").write_text(json.dumps({"status": "ok", "findings": {
+        "eval_f1": 60.0}, "recipe_hash": gp.recipe_hash("parity-reference-42")}))
+    assert set(gp.finished(tmp_path)) == {"bench", "parity-reference-42"}
+    changed = tmp_path / "fast.json"  # fast.json with another learning rate
+    changed.write_text(json.dumps({**json.loads(run_bench.FAST_CONFIG.read_text()), "learning_rate": 2e-4}))
+    monkeypatch.setattr(run_bench, "FAST_CONFIG", changed)
+    assert set(gp.finished(tmp_path)) == {"parity-reference-42"}  # the reference's settings did not change
+    assert "today's is" in gp.older_recipe("bench", record)
+    report = gp.write_report(tmp_path)
+    assert list(report["older_recipe"]) == ["bench"] and "bench" in report["missing"]
+    assert "| bench | ok (older recipe: ran recipe " in (tmp_path / "proof.md").read_text()

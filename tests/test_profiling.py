@@ -43,6 +43,24 @@ def test_only_the_scheduled_steps_are_recorded(runs):
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     assert len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) == 3
     assert results(out)["train_profiled_steps"] == [3, 4, 5]
+    # a CPU run has no device: no busy share, and the record says why
+    assert index["cycles"][0]["device_busy"] == {"share": None, "why": "no device activity recorded"}
+    assert results(out)["train_profile_device_busy_share"] is None
+
+
+def test_device_busy_share_is_the_union_of_device_activity_over_the_steps():
+    from qa.training.profiling import device_busy
+
+    step = lambda ts, dur, n: {"ph": "X", "name": f"ProfilerStep#{n}", "cat": "user_annotation", "ts": ts, "dur": dur}  # noqa: E731
+    device = lambda ts, dur, cat="kernel": {"ph": "X", "name": "k", "cat": cat, "ts": ts, "dur": dur}  # noqa: E731
+    host_op = {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": 200}
+    # overlapping kernels count once; the device runs past the host's last step, which stretches the span
+    trace = {"traceEvents": [step(0, 100, 1), step(100, 100, 2), device(10, 20), device(20, 30),
+                             device(150, 110, "gpu_memcpy"), host_op]}
+    busy = device_busy(trace)
+    assert busy["share"] == pytest.approx((40 + 110) / 260, abs=1e-4) and busy["span_us"] == 260
+    assert device_busy([step(0, 100, 1), device(0, 100)])["share"] == 1.0  # a bare list of events, as older torch
+    assert device_busy({"traceEvents": [device(0, 10)]}) == {"share": None, "why": "no recorded step"}
 
 
 @pytest.mark.slow

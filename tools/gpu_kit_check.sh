@@ -83,7 +83,7 @@ echo "== . .gpu/env.sh with .gpu-minilm/ (python3: $("$venv/bin/python" --versio
 machine "$work/site" ". .gpu/env.sh && python3 -c '$versions' 2>/dev/null >'$work/after' && python3 - '$before'" <<'PY'
 import importlib.metadata as m, os, subprocess, sys, tempfile
 import datasets, transformers, huggingface_hub
-from qa.training.checkpoints import file_hash
+from qa.manifest import file_hash
 from qa.data.sources import read_squad
 from qa.model import resolve_model_path
 from transformers import AutoTokenizer

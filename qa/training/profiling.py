@@ -1,6 +1,8 @@
 """Profiling a few training steps with torch.profiler on process zero (`--profile_wait/_warmup/
 _active/_repeat`): each recorded cycle writes operators.txt, trace.json, memory.txt and profile.json
-under `output_dir/profile/`. It changes nothing computed; the recorded steps are slower."""
+under `output_dir/profile/`, with the share of the recorded steps' wall time the GPU was busy. It
+changes nothing computed; the recorded steps are slower."""
+import json
 import logging
 from pathlib import Path
 
@@ -68,7 +70,8 @@ class ProfilerCallback(TrainerCallback):
         if not self.cycles:
             return {}
         return {"train_profiled_steps": [s for c in self.cycles for s in c["global_steps"]],
-                "train_profile_dir": str(self.dir)}
+                "train_profile_dir": str(self.dir),
+                "train_profile_device_busy_share": self.cycles[0]["device_busy"]["share"]}
 
     def _write(self, prof):
         import torch
@@ -94,10 +97,35 @@ class ProfilerCallback(TrainerCallback):
             lines += ["", "torch.cuda.memory_summary():", "", torch.cuda.memory_summary()]
         atomic_write_text(self.dir / files["memory"], "\n".join(lines) + "\n")
 
-        self.cycles.append({"cycle": k, "global_steps": steps, "files": files})
+        busy = device_busy(json.loads((self.dir / files["trace"]).read_text()))
+        self.cycles.append({"cycle": k, "global_steps": steps, "files": files, "device_busy": busy})
         atomic_write_json(self.dir / "profile.json", {
             "schedule": {"wait": self.wait, "warmup": self.warmup, "active": self.active, "repeat": self.repeat},
             "device": torch.cuda.get_device_name() if self._cuda else "cpu",
             "cycles": self.cycles,
             "open_trace_in": "https://ui.perfetto.dev or chrome://tracing"})
         logger.info("profiling: steps %s written to %s", steps, self.dir)
+
+
+# Device activity in a chrome trace: kernels, copies and memsets each occupy the GPU.
+DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def device_busy(trace: dict) -> dict:
+    """The share of the recorded steps' wall time in which the device ran anything: the union of its activity
+    intervals over the span from the first step's start on the host to the last step's end or the device's last
+    activity, whichever is later (the device runs behind the host). share None when the trace has no device."""
+    events = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace) if e.get("ph") == "X" and "dur" in e]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    device = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in DEVICE_CATEGORIES)
+    if not steps or not device:
+        return {"share": None, "why": "no device activity recorded" if steps else "no recorded step"}
+    start = min(e["ts"] for e in steps)
+    end = max(max(e["ts"] + e["dur"] for e in steps), device[-1][1])
+    busy, reach = 0.0, start
+    for a, b in device:
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            busy, reach = busy + b - a, b
+    return {"share": round(busy / (end - start), 4), "busy_us": round(busy, 1), "span_us": round(end - start, 1),
+            "device_events": len(device)}
