@@ -38,7 +38,7 @@ from qa.training.compile import compile_outcome, record_compile_cache
 from qa.training.flops import settle_tf32
 from qa.training.preemption import Interrupted, interrupted_by_sigterm
 from qa.training.runlock import RunLock
-from qa.training.telemetry import token_stats, train_throughput
+from qa.training.telemetry import train_throughput
 from trainer_qa import EvaluationOutOfMemory, QuestionAnsweringTrainer, evaluated_during_training
 from utils_qa import PostProcessing, check_tokenizer, prepare_train_features, prepare_validation_features
 
@@ -232,7 +232,7 @@ def _train_and_evaluate(setup, extra_callbacks):
                            "rerun (--resume auto) to continue", stopped_at, out)
             return EXIT_INTERRUPTED
         metrics = dict(result.metrics)
-        metrics.update(train_throughput(metrics, token_stats(features["train"]), len(setup.examples["train"])))
+        metrics.update(train_throughput(metrics, features["train"], len(setup.examples["train"])))
         metrics.update(summary([*callbacks.values(), *extra]))
         with setup.clock.phase("saving"):
             trainer.save_model()

@@ -4,7 +4,6 @@ import logging
 import resource
 import time
 
-import numpy as np
 import pyarrow.compute as pc
 import torch
 from transformers import TrainerCallback
@@ -18,26 +17,15 @@ GIB = 2 ** 30
 PERF_PREFIX = "perf/"  # the TensorBoard callback files these under train/perf/*
 
 
-def token_stats(features) -> dict:
-    """Real (non-padding) tokens per feature, from the attention masks, without a Python loop."""
-    column = features.with_format("arrow")["attention_mask"].combine_chunks()
-    lengths = pc.list_value_length(column).to_numpy()
-    offsets = column.offsets.to_numpy()
-    values = column.values.to_numpy(zero_copy_only=False).astype(np.int64)
-    real = np.add.reduceat(values, offsets[:-1]) if len(lengths) else np.zeros(0, np.int64)
-    return {"features": int(len(lengths)), "real_tokens": int(real.sum()), "padded_tokens": int(lengths.sum()),
-            "mean_real_tokens": float(real.sum() / max(len(lengths), 1)),
-            "padding_fraction": float(1 - real.sum() / max(lengths.sum(), 1))}
-
-
-def train_throughput(metrics: dict, stats: dict, num_examples: int) -> dict:
-    """What the Trainer leaves out: it counts features (windows), not questions, and not padding
-    (here the features'; the batches' is the telemetry's `train_batches_padding_fraction`)."""
-    per_s = metrics.get("train_samples_per_second", 0.0)
-    return {"train_examples": num_examples, "train_features": stats["features"],
-            "train_mean_real_tokens": round(stats["mean_real_tokens"], 2),
-            "train_features_padding_fraction": round(stats["padding_fraction"], 4),
-            "train_real_tokens_per_second": round(per_s * stats["mean_real_tokens"], 1)}
+def train_throughput(metrics: dict, features, num_examples: int) -> dict:
+    """What the Trainer leaves out: it counts features (windows), not questions, and not padding (here the
+    features', from their attention masks' totals; the batches' is the telemetry's `train_batches_padding_fraction`)."""
+    masks = pc.list_flatten(features.with_format("arrow")["attention_mask"])
+    real, count = int(pc.sum(masks).as_py() or 0), len(features)
+    mean = real / max(count, 1)
+    return {"train_examples": num_examples, "train_features": count, "train_mean_real_tokens": round(mean, 2),
+            "train_features_padding_fraction": round(1 - real / max(len(masks), 1), 4),
+            "train_real_tokens_per_second": round(metrics.get("train_samples_per_second", 0.0) * mean, 1)}
 
 
 def rate(count, seconds):
