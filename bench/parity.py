@@ -170,23 +170,29 @@ def summarise(runs, target):
             "train_seconds_to_target_mean": (statistics.mean(seconds) if None not in seconds else None),
             "batch": mine[0]["settings"].get("global_batch") or mine[0]["settings"].get("per_device_train_batch_size"),
             "learning_rate": mine[0]["settings"].get("learning_rate")}
-    ref = recipes.get("reference")
-    for name, rec in recipes.items():
-        if name == "reference" or not ref:
-            continue
-        diff = rec["final_f1_mean"] - ref["final_f1_mean"]
-        spreads = [s for s in (rec["final_f1_spread"], ref["final_f1_spread"]) if s is not None]
-        rec["f1_minus_reference"] = diff
-        rec["seed_spread"] = max(spreads) if spreads else None
-        if rec["seed_spread"] is None:
-            rec["verdict"] = "one seed: no spread to compare with"
-        elif abs(diff) <= rec["seed_spread"]:
-            rec["verdict"] = "no difference measured (the difference is within the spread between seeds)"
-        else:
-            rec["verdict"] = ("lower" if diff < 0 else "higher") + " F1 than the reference, by more than the seed spread"
-        if rec["train_seconds_to_target_mean"] and ref["train_seconds_to_target_mean"]:
-            rec["time_to_target_speedup"] = ref["train_seconds_to_target_mean"] / rec["train_seconds_to_target_mean"]
+    for base in ("reference", "fast"):  # the batches of fast_b128/fast_b256 are weighed against fast's too
+        for name, rec in recipes.items():
+            if base in recipes and name != base and (base == "reference" or name in BATCH_VARIANTS):
+                rec.update({k if base == "reference" else f"{k}_vs_fast": v
+                            for k, v in compare(rec, recipes[base], base).items()})
     return recipes
+
+
+def compare(rec, base_rec, base) -> dict:
+    """F1 against another recipe's, judged against the larger of the two spreads between seeds."""
+    diff = rec["final_f1_mean"] - base_rec["final_f1_mean"]
+    spreads = [s for s in (rec["final_f1_spread"], base_rec["final_f1_spread"]) if s is not None]
+    out = {f"f1_minus_{base}": diff, "seed_spread": max(spreads) if spreads else None}
+    if out["seed_spread"] is None:
+        out["verdict"] = "one seed: no spread to compare with"
+    elif abs(diff) <= out["seed_spread"]:
+        out["verdict"] = "no difference measured (the difference is within the spread between seeds)"
+    else:
+        out["verdict"] = (("lower" if diff < 0 else "higher") + f" F1 than {'the reference' if base == 'reference' else base}"
+                          ", by more than the seed spread")
+    if rec["train_seconds_to_target_mean"] and base_rec["train_seconds_to_target_mean"]:
+        out["time_to_target_speedup"] = base_rec["train_seconds_to_target_mean"] / rec["train_seconds_to_target_mean"]
+    return out
 
 
 def _fmt(x, spec=".1f"):
@@ -217,14 +223,16 @@ def markdown(report):
                      f"{', '.join(_fmt(t, '.0f') for t in r['train_seconds'])} |")
     lines.append("")
     for name, r in rec.items():
-        if "f1_minus_reference" in r:
-            speed = r.get("time_to_target_speedup")
-            lines.append(f"- **{name}** against the reference: F1 {r['f1_minus_reference']:+.2f}, seed spread "
-                         f"{_fmt(r['seed_spread'], '.2f')}: {r['verdict']}. Time to F1 {report['target_f1']:g}: "
-                         + (f"{speed:.2f}x the reference's speed." if speed else "n/a (not reached by every seed).")
+        for base, key in (("reference", ""), ("fast", "_vs_fast")):
+            if f"f1_minus_{base}" not in r:
+                continue
+            speed, who = r.get(f"time_to_target_speedup{key}"), "the reference" if base == "reference" else base
+            lines.append(f"- **{name}** against {who}: F1 {r[f'f1_minus_{base}']:+.2f}, seed spread "
+                         f"{_fmt(r[f'seed_spread{key}'], '.2f')}: {r[f'verdict{key}']}. Time to F1 {report['target_f1']:g}: "
+                         + (f"{speed:.2f}x {who}'s speed." if speed else "n/a (not reached by every seed).")
                          + " The spread between seeds of the time: " + ", ".join(
                              f"{n} {_fmt(spread(rec[n]['train_seconds_to_target']) if None not in rec[n]['train_seconds_to_target'] else None, '.0f')} s"
-                             for n in ("reference", name)) + ".")
+                             for n in (base, name)) + ".")
     lines += ["", "Every run's curve (training seconds, step, F1) is in `report.json`; the picture is "
               "[f1_vs_time.png](f1_vs_time.png). Training seconds exclude the evaluations during training and "
               "include start-up of the training loop.", ""]
