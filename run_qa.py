@@ -22,7 +22,7 @@ import torch
 from transformers import default_data_collator, set_seed
 
 from qa.arguments import asks_check, parse_args, split_global_batch
-from qa.console import configure_logging, configure_output
+from qa.console import configure_logging, configure_output, held_back
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
 from qa.data.sources import load_raw_datasets
@@ -30,10 +30,10 @@ from qa.distributed import close_process_group, every_rank, exit_process, on_mai
 from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command
 from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
-from qa.results.records import environment_record, finish_run, save_split_metrics, write_environment
+from qa.results.records import environment_record, finish_run, loss_figures, save_split_metrics, write_environment
 from qa.results.wall_clock import PhaseClock
 from qa.training.callbacks import install, run_callbacks, summary
-from qa.training.checkpoints import Checkpoints
+from qa.training.checkpoints import Checkpoints, progress
 from qa.training.compile import compile_outcome, record_compile_cache
 from qa.training.flops import settle_tf32
 from qa.training.preemption import Interrupted, interrupted_by_sigterm
@@ -86,10 +86,10 @@ def run(argv, callbacks=()):
     try:
         parsed = parse_args(argv)  # every setting checked: (model_args, data_args, run_args, training_args, explicit)
     except InputError as err:
-        if asks_check(argv):  # the check's verdict, then the error line
-            from qa.check import verdict
+        if asks_check(argv):  # the check's verdict, its one line
+            from qa.check import say_verdict
 
-            print(verdict(err), flush=True)
+            say_verdict(err)
         raise
     model_args, data_args, run_args, training_args, explicit = parsed
     # Reading should_log sets up the devices and, in a distributed run, the process group that finalize (the
@@ -131,13 +131,15 @@ def load(model_args, data_args, run_args, training_args, clock) -> RunSetup:
         check_tokenizer(tokenizer, data_args.max_seq_length, data_args.doc_stride, data_args.max_query_length)
         check_model_and_tokenizer(model, tokenizer, data_args)
 
-    with clock.phase("model_loading"):
+    # What the loading says about the model waits for the checkpoints' refusals, and is not said of a model not used
+    with clock.phase("model_loading"), held_back("qa.model") as said:
         model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, check=check,
                                                     training=training_args.do_train,
                                                     compile=training_args.torch_compile)
         # Once for all ranks: the checkpoint to resume, verified and fit to this run.
         checkpoints = Checkpoints.open(model.config, training_args, data_args, run_args.resume, examples.get("train"))
         if checkpoints.trained_here:  # the training ended there: its model is evaluated, as it is
+            said.clear()
             model, tokenizer = load_model_and_tokenizer(
                 replace(model_args, model_name_or_path=training_args.output_dir, tokenizer_name=None),
                 work_dir=cache_root, training=False, compile=training_args.torch_compile)
@@ -216,6 +218,8 @@ def _train_and_evaluate(setup, extra_callbacks):
             write_environment(out, env)
 
     if train:
+        # read now: checkpoint rotation may remove the checkpoint it resumes from before training ends
+        resumed = progress(setup.checkpoints.resume_from)[0] if setup.checkpoints.resume_from else 0
         with evaluated_during_training(trainer, setup.run_args.eval_every_questions), setup.clock.phase("training"):
             try:
                 result = trainer.train(resume_from_checkpoint=setup.checkpoints.resume_from)
@@ -225,13 +229,15 @@ def _train_and_evaluate(setup, extra_callbacks):
                 raise out_of_memory(args, err) from None
         stopped_at = callbacks["preemption"].stopped_at if "preemption" in callbacks else None
         if stopped_at is not None:
-            # Stopped on SIGTERM with checkpoint-N saved: unfinished, so no results are written;
+            # Stopped on SIGTERM or Ctrl-C with checkpoint-N saved: unfinished, so no results are written;
             # every rank leaves together, after the main one has marked the checkpoint complete.
             trainer.accelerator.wait_for_everyone()
-            logger.warning("interrupted by SIGTERM (on this or another rank): checkpoint-%d saved in %s; "
-                           "rerun (--resume auto) to continue", stopped_at, out)
-            return EXIT_INTERRUPTED
+            cause, status = callbacks["preemption"].stopped_by()
+            logger.warning("interrupted by %s (on this or another rank): checkpoint-%d saved in %s; "
+                           "rerun (--resume auto) to continue", cause, stopped_at, out)
+            return status
         metrics = dict(result.metrics)
+        metrics.update(loss_figures(trainer.state.log_history, resumed, result.global_step))
         metrics.update(train_throughput(metrics, features["train"], len(setup.examples["train"])))
         metrics.update(summary([*callbacks.values(), *extra]))
         with setup.clock.phase("saving"):
@@ -243,8 +249,8 @@ def _train_and_evaluate(setup, extra_callbacks):
                 trainer.save_state()  # last: trainer_state.json in output_dir says the training ended (its progress)
     # From here on the trained model and its records stay as they are whatever happens: a rerun of the same
     # command evaluates that model without training (qa.training.checkpoints.Checkpoints.choose).
-    then = (f"the trained model and its records stay in {out}, and the same command with it evaluates that model "
-            "without training again" if args.do_train else "rerun with it")
+    then = (f"the same command with it evaluates the model trained in {out}, without training again" if args.do_train
+            else "rerun with it")
     try:
         with interrupted_by_sigterm():
             _evaluate(trainer, features, setup.examples, args, main, setup.clock)
@@ -291,11 +297,11 @@ def out_of_memory(args, error, then=None) -> InputError:
         fix = "lower --max_seq_length, or use a device with more memory"
     elif then is None:
         fix = (f"pass a smaller --{name} (e.g. {batch // 2}) with --global_batch "
-               f"{batch * args.gradient_accumulation_steps * args.world_size}: the same global batch, gradient "
-               "accumulation making up the rest; the run resumes from its last checkpoint")
+               f"{batch * args.gradient_accumulation_steps * args.world_size} (the same global batch); the run resumes "
+               "from its last checkpoint")
     else:
         fix = f"pass a smaller --{name} (e.g. {batch // 2}, or {max(batch // 4, 1)}); {then}"
-    said = (str(error).strip().splitlines() or ["OutOfMemoryError"])[0][:160]
+    said = ". ".join((str(error).strip().splitlines() or ["OutOfMemoryError"])[0].split(". ")[:2])[:80].rstrip(".")
     where = "a training step" if then is None else "an evaluation"
     return InputError(f"{name}={batch}", f"the device ran out of memory in {where} ({said})", fix,
                       exit_code=EXIT_OUT_OF_MEMORY)

@@ -217,8 +217,8 @@ Done.
   venv      $VENV_DIR ($venv_state, $("$py" -V 2>&1))
   modules   ${LOADED[*]:-none}
   torch     $(installed torch): $TORCH_WHY
-  HF cache  $HF_CACHE_DIR
+  HF cache  $HF_CACHE_DIR (HF_HOME in a shell or job that sources the job env below)
   fetched   $fetched
   job env   $ENV_FILE
-In a job script:  source $ENV_FILE   (loads the modules, activates the venv, HF offline mode unless OFFLINE=0)
+In this shell and in job scripts:  source $ENV_FILE   (the modules, the venv, HF_HOME, HF offline mode unless OFFLINE=0)
 EOF

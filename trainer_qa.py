@@ -17,7 +17,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import rotate_checkpoints, speed_metrics
 
 from qa.training.checkpoints import Checkpoints
-from qa.io import give_new_file_modes
+from qa.io import give_new_file_modes, replacing, writing
 from qa.results.wall_clock import PhaseClock
 from qa.evaluation.time_to_accuracy import first_questions, rng_kept
 from utils_qa import PostProcessing, scores_from_examples
@@ -88,7 +88,9 @@ class QuestionAnsweringTrainer(Trainer):
         if self.args.should_save and os.path.isdir(staging):
             shutil.rmtree(staging)
         self.accelerator.wait_for_everyone()
-        super().save_model(staging)
+        with writing(target, "the trained model", self.checkpoints.rerun(),
+                     undo=lambda: self.args.should_save and shutil.rmtree(staging, ignore_errors=True)):
+            super().save_model(staging)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             give_new_file_modes(staging)  # safetensors writes weights 0600 whatever the umask
@@ -96,6 +98,13 @@ class QuestionAnsweringTrainer(Trainer):
                 os.replace(os.path.join(staging, name), os.path.join(target, name))
             os.rmdir(staging)
         self.accelerator.wait_for_everyone()
+
+    def save_state(self):
+        # Why: the Trainer writes trainer_state.json in place, and in output_dir it says that the training ended: a
+        # full disk must leave it whole or absent (save_to_json is the Trainer's own format).
+        if self.is_world_process_zero():
+            with replacing(os.path.join(self.args.output_dir, "trainer_state.json")) as tmp:
+                self.state.save_to_json(tmp)
 
     def evaluate(self, eval_dataset=None, eval_examples=None, ignore_keys=None, metric_key_prefix="eval"):
         # Why: SQuAD's metrics are per question, from the logits of all its features (post-processing).

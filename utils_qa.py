@@ -48,8 +48,7 @@ def question_first(tokenizer) -> bool:
 def check_tokenizer(tokenizer, max_seq_length=None, doc_stride=None, max_query_length=None) -> None:
     """Refuse a tokenizer whose features would be mislabelled, and window settings its template leaves no room for."""
     where = f"tokenizer of {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"
-    fix = "use an encoder whose tokenizer starts every question/context pair with a CLS token (BERT-, " \
-          "RoBERTa-, ELECTRA-style)"
+    fix = "use an encoder whose tokenizer starts each question/context pair with a CLS token (BERT, RoBERTa, ELECTRA)"
     if getattr(tokenizer, "cls_token_id", None) is None:
         raise InputError(where, "has no CLS token, which windows without the answer and unanswerable questions "
                          "are labelled with", fix)
@@ -58,7 +57,7 @@ def check_tokenizer(tokenizer, max_seq_length=None, doc_stride=None, max_query_l
         at = ids.index(tokenizer.cls_token_id) if tokenizer.cls_token_id in ids else None
         problem = ("does not put its CLS token in a question/context pair" if at is None else
                    f"puts its CLS token at position {at} of a question/context pair, not first (XLNet-style)")
-        raise InputError(where, f"{problem}; labels and the SQuAD v2 null score use the first position", fix)
+        raise InputError(where, f"{problem}; labels and the SQuAD v2 null score use position 0", fix)
     if max_seq_length is not None:
         check_window(max_seq_length, doc_stride, max_query_length, tokenizer.num_special_tokens_to_add(pair=True))
 

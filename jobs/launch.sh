@@ -14,7 +14,8 @@
 #   3. `srun` one task per node, each a `torchrun` starting the node's processes (c10d rendezvous
 #      on the first node), in the background while the shell waits;
 #   4. USR1 (`--signal=B:USR1@T`) or TERM: SIGTERM to every process of the job's steps, which save
-#      a checkpoint and stop; the job requeues itself; each run of the job appends its wall-clock
+#      a checkpoint and stop; the job requeues itself (a check job never: it would start over and meet
+#      the same limit, so it stops not ready and says so); each run of the job appends its wall-clock
 #      time and outcome to OUTPUT/job_time.jsonl: the status rank 0's run_qa.py wrote into
 #      QA_OUTCOME_FILE, as torchrun ends with 1 whatever its workers' statuses.
 # Every variable it reads (and its default) is documented in one place: docs/slurm.md.
@@ -43,6 +44,7 @@ jl_main() {
   jl_arguments "$@"
   [[ -n ${SLURM_JOB_ID:-} ]] ||
     jl_die "not inside a SLURM job: submit with sbatch (on one machine: python run_qa.py CONFIG, or torchrun --standalone --nproc_per_node N run_qa.py CONFIG)"
+  jl_task
   jl_shape "$shape"
   jl_global_batch "$JL_WORLD"
   STRATEGY=${STRATEGY:-ddp}
@@ -93,6 +95,19 @@ jl_arguments() {
     RUN_QA_ARGS+=(--resume auto)
     jl_note "restart ${SLURM_RESTART_COUNT}: --resume auto (from the last complete checkpoint in the output folder)"
   fi
+}
+
+# An array task trains its own seed in its own folder, and a study file's task runs its cell: studies/task.py
+# answers (its STRATEGY, the config, all the arguments) and records the task in that folder. A plain job: unchanged.
+jl_task() {
+  local answer lines
+  answer=$(PYTHONPATH="$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" python -m studies.task "$CONFIG" "${RUN_QA_ARGS[@]}") ||
+    exit 2  # it printed the one-line error
+  mapfile -t lines <<<"$answer"
+  [[ -z ${lines[0]} ]] || STRATEGY=${lines[0]}
+  CONFIG=${lines[1]}
+  RUN_QA_ARGS=("${lines[@]:2}")
+  [[ -z ${SLURM_ARRAY_TASK_ID:-} ]] || jl_note "array job ${SLURM_ARRAY_JOB_ID:-?} task $SLURM_ARRAY_TASK_ID: ${RUN_QA_ARGS[*]: -4}"
 }
 
 # NNODES x NPROC processes = JL_WORLD. 1x1 whatever was granted (one GPU is the point of
@@ -214,10 +229,10 @@ jl_record_time() {
   fi
   dir=${OUTPUT:-.}
   mkdir -p "$dir" 2>/dev/null || dir=.
-  printf '{"job_id": "%s", "job_name": "%s", "script": "%s", "restart": %s, "nodes": "%s", "world_size": %s, "start_utc": "%s", "end_utc": "%s", "seconds": %s, "exit_code": %s, "outcome": "%s"}\n' \
+  printf '{"job_id": "%s", "job_name": "%s", "script": "%s", "restart": %s, "nodes": "%s", "world_size": %s, "start_utc": "%s", "end_utc": "%s", "seconds": %s, "exit_code": %s, "outcome": "%s", "reason": %s, "array_job_id": "%s", "array_task_id": "%s"}\n' \
     "${SLURM_JOB_ID:-}" "${SLURM_JOB_NAME:-}" "$JL_NAME" "${SLURM_RESTART_COUNT:-0}" "${SLURM_JOB_NODELIST:-$(hostname)}" \
     "${JL_WORLD:-1}" "$JL_START_UTC" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$((t1 - JL_T0))" "$rc" "$outcome" \
-    >>"$dir/job_time.jsonl"
+    "${JL_REASON:-null}" "${SLURM_ARRAY_JOB_ID:-}" "${SLURM_ARRAY_TASK_ID:-}" >>"$dir/job_time.jsonl"
   jl_log "job wall clock $((t1 - JL_T0)) s, exit code $rc, $outcome (recorded in $dir/job_time.jsonl)"
 }
 
@@ -228,7 +243,8 @@ jl_record_time() {
 jl_on_signal() {
   [[ -n $JL_SIGNALED ]] && { jl_log "SIG$1 again: already stopping"; return; }
   JL_SIGNALED=$1
-  jl_log "SIG$1 received: asking training to save a checkpoint and stop"
+  if [[ ${JL_CHECK:-false} == true ]]; then jl_log "SIG$1 received: stopping the check, which reports it"
+  else jl_log "SIG$1 received: asking training to save a checkpoint and stop"; fi
   if [[ -n $JL_CHILD ]]; then
     scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || kill -TERM "$JL_CHILD" 2>/dev/null
   fi
@@ -254,7 +270,9 @@ jl_run() {
     exit 0
   fi
   if [[ $JL_SIGNALED == USR1 && ${REQUEUE:-1} == 1 ]]; then
-    if ((${SLURM_RESTART_COUNT:-0} >= ${MAX_RESTARTS:-20})); then
+    if [[ ${JL_CHECK:-false} == true ]]; then
+      jl_log "not requeueing a check job: it would start over"
+    elif ((${SLURM_RESTART_COUNT:-0} >= ${MAX_RESTARTS:-20})); then
       jl_log "not requeueing: restarted ${SLURM_RESTART_COUNT:-0} times already (MAX_RESTARTS=${MAX_RESTARTS:-20})"
     else
       jl_record_time "$rc" requeued
@@ -276,9 +294,11 @@ jl_outcome() {
   outcome=failed
   [[ -n $JL_SIGNALED ]] && outcome=interrupted
   [[ -f ${QA_OUTCOME_FILE:-} ]] || return 0
-  read -r status name reason < <(python -c 'import json, sys
-o = json.load(open(sys.argv[1])); print(o["status"], o["outcome"], o["reason"])' "$QA_OUTCOME_FILE")
+  # the reason a second time as JSON, for job_time.jsonl (JL_REASON), where reports read it
+  IFS=$'\t' read -r status name JL_REASON reason < <(python -c 'import json, sys
+o = json.load(open(sys.argv[1])); print(o["status"], o["outcome"], json.dumps(o["reason"]), o["reason"], sep="\t")' "$QA_OUTCOME_FILE")
   rm -f "$QA_OUTCOME_FILE"
-  jl_log "run_qa.py: $name (status $status): $reason"
+  [[ ${JL_CHECK:-false} == true && $status == 2 ]] ||  # not ready: the check's verdict said why, once
+    jl_log "run_qa.py: $name (status $status): $reason"
   ((rc == 0 || status == 0)) || rc=$status outcome=$name
 }

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -194,7 +195,8 @@ class RunArguments:
     telemetry_window_min_s: float | None = arg(None, Number("the timed window's least seconds", "give e.g. 20", low=0,
                                                             open="low", optional=True))
     eval_every: float | None = arg(None, steps("how often to evaluate during training (time_to_accuracy.json)",
-                                               "use e.g. 0.25 or 200", optional=True, steps_of="an epoch"))
+                                               "use e.g. 0.25 or 200, or none for no evaluation during training",
+                                               optional=True, steps_of="an epoch"))
     eval_every_questions: int | None = arg(None, count("validation questions of each evaluation during training",
                                                        "use e.g. 1000", optional=True))
     target_f1: float | None = arg(None, Number("the F1 whose training time to reach is reported", "give e.g. 88.5",
@@ -213,7 +215,7 @@ class RunArguments:
     fsdp_reduce_dtype: str = arg("auto", help="With --fsdp: gradients' reduce dtype.", choices=["auto", "fp32", "bf16"])
     global_batch: int | None = arg(None, count("features per step over all processes", "use e.g. 48", optional=True))
     log_lines: bool = arg(True, help="Each log entry as one line of numbers (JSON); false: the Trainer's printer.")
-    checkpoint_on_sigterm: bool = arg(True, help="On SIGTERM, save a checkpoint of the step and exit 143.")
+    checkpoint_on_sigterm: bool = arg(True, help="On SIGTERM (Ctrl-C), save a checkpoint of the step, exit 143 (130).")
     preemption_check_steps: int = arg(10, count("steps between the ranks' agreement on a SIGTERM", "use e.g. 10"))
     check: bool = arg(False, help="The check job: is this node ready for the run, and how long will it take "
                       "(check.md; a few dozen real steps, nothing of the run kept).")
@@ -259,13 +261,13 @@ RULES = {f.name: f.metadata["check"] for group in (ModelArguments, DataArguments
          for f in fields(group) if "check" in f.metadata} | TRAINING_RULES
 
 
-def check_settings(values: dict) -> list:
+def check_settings(values: dict, off=()) -> list:
     """InputError on the first of `values` (name -> parsed value) that breaks its rule, then on settings that do not
     go together; -> a note for each setting the others leave idle."""
     for name, rule in RULES.items():
         if name in values:
             rule(name, values[name], values)
-    return check_together(values)
+    return check_together(values, off)
 
 
 NEEDS = {"telemetry_window_min_s": "telemetry_window", "eval_every_questions": "eval_every", "target_f1": "eval_every"}
@@ -273,11 +275,12 @@ IDLE_WITHOUT = {"compile_warmup": ("torch_compile", "the run does not compile: n
                 "fsdp_reduce_dtype": ("fsdp", "the run does not shard with FSDP")}
 
 
-def check_together(values: dict) -> list:
+def check_together(values: dict, off=()) -> list:
     """Every rule between settings (and split_global_batch, which the job scripts ask through main): InputError on a
-    setting that means nothing without another, or does not fit it; -> notes on the ones left idle."""
+    setting that means nothing without another, or does not fit it; -> notes on the ones left idle. `off`: settings
+    the command line unset (`--eval_every none` over a config's): what needs them is idle, as the user meant."""
     for name, needed in NEEDS.items():
-        if values.get(name) is not None and values.get(needed) is None:
+        if values.get(name) is not None and values.get(needed) is None and needed not in off:
             raise InputError(f"{name}={_plain(values[name])}", f"means nothing without --{needed} "
                              f"({RULES[name].means})", f"give --{needed} too, or leave {name} out")
     longest = values.get("max_seq_length") or math.inf
@@ -294,7 +297,9 @@ def check_together(values: dict) -> list:
         if values.get("eval_every") is not None and values["do_train"] and not evaluates:
             raise InputError(f"eval_every={values['eval_every']:g}", "evaluates during training, on the validation "
                              "split", "pass --do_eval with it, or leave --eval_every out")
-    return [f"--{name} {values[name]}: {why} (--{needed} is off)" for name, (needed, why) in IDLE_WITHOUT.items()
+    idle = {**IDLE_WITHOUT, **{name: (needed, f"unused: {RULES[name].means}") for name, needed in NEEDS.items()
+                               if needed in off}}
+    return [f"--{name} {_plain(values[name])}: {why} (--{needed} is off)" for name, (needed, why) in idle.items()
             if values.get(name) not in (None, False, "auto") and not values.get(needed)]
 
 
@@ -304,10 +309,13 @@ def check_window(max_seq_length: int, doc_stride: int, max_query_length: int, sp
         RULES[name](name, value, {})
     room = max_seq_length - max_query_length - special_tokens
     if room <= 0 or doc_stride >= room:
+        query = max_seq_length - special_tokens - doc_stride - 1  # the longest question that leaves room for the stride
+        fixes = [f"lower doc_stride (e.g. {room // 2})"] * (room >= 2) + [f"lower max_query_length to {query} or "
+                                                                        "less"] * (query >= 1)
         raise InputError(f"doc_stride={doc_stride}, max_seq_length={max_seq_length}, max_query_length="
                          f"{max_query_length}", f"doc_stride must be smaller than the context room max_seq_length - "
-                         f"max_query_length - {special_tokens} = {room}",
-                         f"lower doc_stride (e.g. {max(1, room // 2)}) or max_query_length, or raise max_seq_length")
+                         f"max_query_length - {special_tokens} = {room}", ", or ".join(fixes + [
+                             f"raise max_seq_length to {max_seq_length - room + doc_stride + 1} or more"]))
 
 
 def to_flags(config: dict) -> list:
@@ -395,13 +403,22 @@ def parse_args(argv):
     from qa.training.flops import device_precision, training_device
 
     class Parser(HfArgumentParser):
+        where = "command line"
+
         def error(self, message):  # argparse's usage block and exit: the one-line error instead
-            raise InputError(source, f"invalid arguments: {message}", HELP)
+            name = re.match(r"argument --(\w+)", message)
+            fix = getattr(RULES.get(name and name[1]), "fix", HELP)  # the setting's own fix: what to give it
+            raise InputError(self.where, f"invalid arguments: {message}", fix)
 
         def add_argument(self, *names, check=None, **kwargs):  # a field's rule is check_settings', not argparse's
+            unsets = kwargs.get("type") in (int, float, str) and not {"nargs", "choices"} & set(kwargs)
+            if kwargs.get("default") is None and unsets and names[0] != "--output_dir":  # job scripts read it as given
+                kwargs["type"] = _or_none(kwargs["type"])
             return super().add_argument(*names, **kwargs)
 
+    given = len(argv)
     source, argv, explicit = expand(argv)
+    from_config = len(argv) - given + (source != "command line")  # the config's flags, first in argv
     argv = ["--output_dir", DEFAULT_OUTPUT_DIR] + argv  # where output_dir() says, unless a later flag names another
     if int(os.environ.get("WORLD_SIZE") or 1) > 1 and not torch.cuda.is_available():
         # Without a GPU the Trainer forms the process group only with use_cpu: else each process trains alone
@@ -410,12 +427,18 @@ def parse_args(argv):
         argv = argv + ["--use_cpu", "true"]
     parser = Parser((ModelArguments, DataArguments, RunArguments, TrainingArguments), description=DESCRIPTION,
                     usage="%(prog)s [CONFIG.json] [--ARGUMENT VALUE ...]", allow_abbrev=False)  # as output_dir reads
-    namespace, unknown = parser.parse_known_args(args=argv)  # --help: prints it, SystemExit(0)
-    if unknown:
-        raise unknown_arguments(source, unknown, parser._option_string_actions)
+    # argparse takes -3 and -.5 for values but -3e-5 for a flag; no option here starts with a digit
+    parser._negative_number_matcher = re.compile(r"-\.?\d")
+    # The config's flags alone first, so that a mistake on the command line is not blamed on the file
+    for parser.where, flags in [(source, argv[:2 + from_config])] * (from_config > 0) + [("command line", argv)]:
+        namespace, unknown = parser.parse_known_args(args=flags)  # --help: prints it, SystemExit(0)
+        if unknown:
+            raise unknown_arguments(parser.where, unknown, parser._option_string_actions)
     values = vars(namespace)
-    for idle in check_settings(values):
+    off = {name for name in NEEDS.values() if last_value(argv, name, "").lower() == "none"}
+    for idle in check_settings(values, off):
         logger.warning("%s", idle)
+    values.update({name: None for name, needed in NEEDS.items() if needed in off})  # unused: not recorded as run
     capability, on_cpu = training_device(values)
     changes, note = device_precision(capability, values.get("bf16"), values.get("tf32"), values.get("fp16"), on_cpu)
     values.update(changes)
@@ -427,6 +450,14 @@ def parse_args(argv):
         logger.warning("%s", note)
         built[2].adjusted.append(note)  # into environment.json and results.md
     return (*built, explicit)
+
+
+def _or_none(kind):
+    """`kind`'s reading of a flag, or None for `none`: a setting a config gives is unset from the command line."""
+    def read(text):
+        return None if text.lower() == "none" else kind(text)
+    read.__name__ = kind.__name__  # argparse's "invalid float value: 'two'" names it
+    return read
 
 
 def unknown_arguments(source: str, unknown: list, options) -> InputError:

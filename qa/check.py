@@ -4,8 +4,11 @@ One line for each thing the run needs: the versions and torch's CUDA build again
 seen), the precision and compilation, the world the ranks form, the model and data offline, the output folder and its
 free space. Then the config's real training for a few dozen optimizer steps and two evaluations of part of the
 validation questions, from which the job's time is predicted, phase by phase, with a --time to ask for. It ends with a
-verdict: "ready" (exit 0) or "not ready: <what> - <fix>" (exit 2). check.md and check.json go into the output folder,
-and nothing else: the training runs in a temporary folder, so the real job starts fresh where the check ran."""
+verdict, its one line: "ready" (exit 0) or "not ready: <what> - <fix>" (exit 2). check.md and check.json go into the
+output folder, and nothing else: the training runs in a temporary folder, so the real job finds the folder as it was,
+and what the job will do with an earlier run there is the job's own rule's answer (Checkpoints.choose). A SIGTERM (the
+job's time limit: jobs/launch.sh passes SLURM's warning on as one) ends the check not ready: a check job is not
+requeued, as it would start over."""
 import importlib.util
 import logging
 import math
@@ -18,6 +21,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
 import torch
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
@@ -27,6 +31,7 @@ from qa.evaluation.time_to_accuracy import eval_interval, first_questions
 from qa.io import atomic_write_json, atomic_write_text
 from qa.results.records import environment_record
 from qa.results.wall_clock import PHASES
+from qa.training.preemption import Interrupted, interrupted_by_sigterm
 from qa.training.telemetry import autocast_precision, gib
 
 logger = logging.getLogger(__name__)
@@ -56,6 +61,14 @@ def verdict(problem: InputError | None) -> str:
     return "ready" if problem is None else f"not ready: {problem.where}: {problem.problem} - {problem.fix}"
 
 
+def say_verdict(problem: InputError | None, main: bool = True) -> None:
+    """The check's last line; a not-ready one is its reason's only line (no error line after it, qa.errors.command)."""
+    if main:
+        print(verdict(problem), flush=True)
+    if problem is not None:
+        problem.said = True
+
+
 def check_job(parsed, stages) -> int:
     """The check of a parsed run (model, data, run and training arguments) through run_qa.py's own `stages` (load,
     features, trainer, out_of_memory). 0 when ready; else an InputError, once check.md is written."""
@@ -64,28 +77,64 @@ def check_job(parsed, stages) -> int:
     start = time.perf_counter()
     env = environment_record({})  # the job writes it too, with git's commit and every GPU's name
     report.measured["record_s"] = time.perf_counter() - start
-    versions_and_devices(report, env, args, run_args)
-    if report.problem is None:
-        run_args.resume = None  # the output folder is the job's: nothing there is resumed, moved or written
-        try:
-            setup = stages.load()
-        except InputError as err:
-            report.line("model and data", "not loaded", err)
-        else:
-            seconds = setup.clock.seconds["data_loading"] + setup.clock.seconds["model_loading"]
-            splits = ", ".join(f"{split} {len(examples):,}" for split, examples in setup.examples.items())
-            offline = ", offline" if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") else ""
-            report.line("model and data", f"{setup.model_args.model_name_or_path} and the questions ({splits}) in "
-                                          f"{seconds:.1f} s{offline}")
-            measure_and_predict(report, setup, stages)
+    stopped = False
+    try:
+        with interrupted_by_sigterm():
+            checks(report, env, run_args, args, stages)
+    except Interrupted:
+        stopped, seconds = True, time.time() - psutil.Process().create_time()
+        report.line("time limit", "stopped before the end", InputError(
+            "--time", f"the check was stopped by SIGTERM {seconds:.0f} s after it started, before its end (the job's "
+            "time limit, or a preemption)", "submit it again with a longer --time (a check job is not requeued: it "
+            "would start over)"))
     write(report, args.output_dir, env)
-    if report.main:
-        print(verdict(report.problem), flush=True)
-    close_process_group()  # every rank leaves once rank 0 has written the check
+    say_verdict(report.problem, report.main)
+    if not stopped:  # stopped: where each rank was is unknown, a barrier could wait for one that left
+        close_process_group()  # every rank leaves once rank 0 has written the check
     if report.problem is not None:
         report.problem.exit_code = EXIT_INPUT_ERROR  # not ready, whatever found it: an out of memory too
         raise report.problem
     return 0
+
+
+def checks(report, env, run_args, args, stages) -> None:
+    """The checks in their order; after a problem, none that needs what failed."""
+    versions_and_devices(report, env, args, run_args)
+    if report.problem is not None:
+        return
+    resume, run_args.resume = run_args.resume, None  # the output folder is the job's: nothing there is resumed or moved
+    try:
+        setup = stages.load()
+    except InputError as err:
+        report.line("model and data", "not loaded", err)
+        return
+    seconds = setup.clock.seconds["data_loading"] + setup.clock.seconds["model_loading"]
+    splits = ", ".join(f"{split} {len(examples):,}" for split, examples in setup.examples.items())
+    offline = ", offline" if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") else ""
+    report.line("model and data", f"{setup.model_args.model_name_or_path} and the questions ({splits}) in "
+                                  f"{seconds:.1f} s{offline}")
+    earlier_run(report, setup, resume)
+    if report.problem is None:
+        measure_and_predict(report, setup, stages)
+
+
+def earlier_run(report, setup, resume) -> None:
+    """What the job does with an earlier run in its output folder, by the job's own rule (Checkpoints.choose, which
+    moves nothing here): resume it, start afresh, evaluate the model trained there, or refuse."""
+    folder = Path(setup.training_args.output_dir)
+    held = [p for p in folder.iterdir() if p.name not in ("check.md", "check.json")] if folder.is_dir() else []
+    if not held:
+        return
+    said = f"{folder} holds files of an earlier run"
+    try:
+        start = on_main_rank(lambda: setup.checkpoints.choose(resume, move=False))
+    except InputError as err:
+        report.line("earlier run", f"{said}, which the job refuses to overwrite", err)
+        return
+    does = ("moves them to previous-<time>/ there and starts afresh" if resume == "never" else
+            "starts afresh" if start is None else "evaluates the model trained there, without training"
+            if Path(start) == folder else f"resumes from {Path(start).name} (the prediction is for a whole run)")
+    report.line("earlier run", f"{said}: the job {does}")
 
 
 def versions_and_devices(report, env, args, run_args) -> None:
@@ -177,6 +226,7 @@ def measure_and_predict(report, setup, stages) -> None:
         args.output_dir, args.report_to, args.load_best_model_at_end = scratch, [], False
         args.eval_strategy, args.save_strategy = IntervalStrategy.NO, SaveStrategy.NO
         run_args.telemetry, run_args.eval_every, run_args.profile = True, None, False
+        run_args.checkpoint_on_sigterm = False  # a SIGTERM stops the check (check_job): no checkpoint of its steps
         try:
             callbacks, _, trainer = stages.trainer(setup, features, collator)
             steps = job_steps(trainer) if train else (0, 1)
@@ -219,18 +269,17 @@ def write_rate(report, setup, output_dir, plan, steps) -> None:
     def probe():
         try:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
-            earlier = [p.name for p in Path(output_dir).iterdir() if p.name not in ("check.md", "check.json")]
             with tempfile.TemporaryDirectory(dir=output_dir, prefix=".check-write-") as probe_dir:
                 start = time.perf_counter()
                 model.save_pretrained(probe_dir)
                 written = sum(f.stat().st_size for f in Path(probe_dir).iterdir())
-                return written / (time.perf_counter() - start), shutil.disk_usage(output_dir).free, len(earlier)
+                return written / (time.perf_counter() - start), shutil.disk_usage(output_dir).free
         except Exception as err:  # OSError, or safetensors' own error for a full disk or a quota
             raise InputError(f"output_dir={output_dir}", f"cannot be written ({getattr(err, 'strerror', None) or err})",
                              "pass --output_dir on a file system this job can write to (e.g. $LUSTRE/runs/NAME)")
 
     try:
-        rate, free, earlier = on_main_rank(probe)
+        rate, free = on_main_rank(probe)
     except InputError as err:
         report.line("output folder", "not writable", err)
         report.writable = False
@@ -240,11 +289,9 @@ def write_rate(report, setup, output_dir, plan, steps) -> None:
     problem = None if free >= needed else InputError(
         f"output_dir={output_dir}", f"{gib(free):.1f} GiB free, the run keeps up to {gib(needed):.1f} GiB",
         "free space there, pass --output_dir on a larger file system, or a smaller --save_total_limit")
-    held = (f"; it holds {earlier} file(s) of an earlier run, which the job resumes from or refuses to overwrite "
-            "(--resume never moves them aside)" if earlier else "")
     report.line("output folder", f"{output_dir}: writes {rate / 2**20:.0f} MiB/s, {gib(free):.1f} GiB free; the run "
                 f"keeps up to {gib(needed):.2f} GiB ({kept} checkpoint(s) of {gib(checkpoint):.2f} GiB "
-                f"and the model){held}", problem)
+                f"and the model)", problem)
 
 
 def acts(strategy, every, steps: int, per_epoch: int) -> set:

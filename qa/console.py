@@ -5,6 +5,7 @@
 - No pinned memory without an accelerator: torch would warn that it cannot pin anything.
 - One line per log record: where `CI` is set, transformers' loggers pass each record on to the root logger's handler
   as well as their own; `configure_logging` keeps it to theirs."""
+import contextlib
 import json
 import logging
 import math
@@ -42,6 +43,21 @@ def configure_logging(verbose: bool) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         level=logging.INFO if verbose else logging.WARNING)
     transformers_logging.disable_propagation()
+
+
+@contextlib.contextmanager
+def held_back(name: str):
+    """The lines of logger `name` kept back until the block ends (-> them: what the block drops is never said), and
+    dropped when it fails: a refusal's one line is then all that is said."""
+    held = []
+    hold = held.append  # a filter that returns None: the record is not emitted now
+    logging.getLogger(name).addFilter(hold)
+    try:
+        yield held
+    finally:
+        logging.getLogger(name).removeFilter(hold)
+    for record in held:
+        logging.getLogger(name).handle(record)
 
 
 def format_log(logs: dict, step=None) -> str:

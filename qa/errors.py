@@ -2,22 +2,30 @@
 message is one line that names the file, record or setting at fault and says how to fix it (`plural` words its
 counts, `short` quotes its values). Every command (run_qa.py, utils_qa.py score, tools/prefetch.py, ...) runs its
 main through `command`, which prints `error: <message>` on stderr and exits with the error's status: 2, or the
-distinct status of a failure the user fixes the same way (EXIT_OUT_OF_MEMORY); anything else is a bug and keeps its
-traceback. Rank 0 writes how it ended (OUTCOMES; any other status: "failed") into the file QA_OUTCOME_FILE names, if
-any: torchrun ends with 1 whatever its workers' statuses, so a launcher learns it there."""
+distinct status of a failure the user fixes the same way (EXIT_OUT_OF_MEMORY, EXIT_DISK_FULL); anything else is a bug
+and keeps its traceback. Rank 0 writes how it ended (OUTCOMES; any other status: "failed") into the file
+QA_OUTCOME_FILE names, if any: torchrun ends with 1 whatever its workers' statuses, so a launcher learns it there."""
 import functools
 import json
 import os
+import signal
 import sys
 
 EXIT_INPUT_ERROR = 2
 EXIT_OUT_OF_MEMORY = 3  # the device ran out of memory (training step or evaluation): a smaller per-device batch
+EXIT_DISK_FULL = 4  # no space or quota left where a run writes (qa.io.writing): free space, or write elsewhere
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM, as a shell says it: stopped on SIGTERM, resumable (qa/training/preemption.py)
+EXIT_CTRL_C = 130  # 128 + SIGINT: a first Ctrl-C in training saves a checkpoint; a second, or one outside, stops now
+CTRL_C = "interrupted by Ctrl-C: stopped at once, nothing more saved; the same command goes on from what was saved"
 OUTCOMES = {0: ("completed", "done"), EXIT_INPUT_ERROR: ("refused", ""), EXIT_OUT_OF_MEMORY: ("out_of_memory", ""),
+            EXIT_DISK_FULL: ("disk_full", ""),
+            EXIT_CTRL_C: ("interrupted", "stopped by Ctrl-C (SIGINT): rerun to continue"),
             EXIT_INTERRUPTED: ("interrupted", "stopped by SIGTERM (a time limit or preemption): rerun to continue")}
 
 
 class InputError(Exception):
+    said = False  # already told (the check job's verdict): `command` writes no second line
+
     def __init__(self, where: str, problem: str, fix: str, exit_code: int = EXIT_INPUT_ERROR):
         self.where, self.problem, self.fix, self.exit_code = where, problem, fix, exit_code
         super().__init__(f"{where}: {problem}. Fix: {fix}")
@@ -37,15 +45,34 @@ def short(value, limit: int = 60) -> str:
 
 def require_packages(*names) -> None:
     """One line and status 2, not a traceback, when this Python lacks the project's packages: a shell in which the
-    project's environment is not active. Before they are imported; find_spec imports nothing."""
+    project's environment is not active. Before they are imported; find_spec imports nothing. A Ctrl-C during those
+    imports (seconds) is one line too, and the process ends by SIGINT."""
     import importlib.util
+
+    sys.excepthook = functools.partial(_ctrl_c_in_one_line, sys.excepthook)
 
     missing = [name for name in names if importlib.util.find_spec(name) is None]
     if missing:
+        found = environment_file()
         sys.stderr.write(f"error: {sys.executable} has no {', '.join(missing)}: the project's environment is not "
-                         "active in this shell. Fix: source the environment file setup_bert.sh wrote (by default "
-                         "source ${STORE:-$HOME}/venvs/bert-squad.env.sh), or run ./setup_bert.sh first\n")
+                         "active in this shell. Fix: " + (f"source {found}\n" if found else "run ./setup_bert.sh "
+                                                          "(README.md, the two commands), then source the file it "
+                                                          "names\n"))
         sys.exit(EXIT_INPUT_ERROR)
+
+
+def environment_file() -> str | None:
+    """The file setup_bert.sh wrote for shells and jobs to source, one that exists: ENV_FILE, the README's local one
+    (VENV_DIR=.venv in the repository) or the cluster's default; None before setup_bert.sh has run."""
+    candidates = (os.environ.get("ENV_FILE"), os.path.join(os.path.dirname(os.path.dirname(__file__)), ".venv.env.sh"),
+                  os.path.join(os.environ.get("STORE") or os.path.expanduser("~"), "venvs", "bert-squad.env.sh"))
+    return next((os.path.abspath(path) for path in candidates if path and os.path.isfile(path)), None)
+
+
+def _ctrl_c_in_one_line(hook, kind, value, traceback):
+    if not issubclass(kind, KeyboardInterrupt):
+        return hook(kind, value, traceback)
+    sys.stderr.write(f"{CTRL_C}\n")
 
 
 def command(main):
@@ -58,9 +85,15 @@ def command(main):
             status = main(*args, **kwargs) or 0
         except InputError as err:
             # One write: print's text and newline are two when unbuffered, and ranks sharing a stderr interleave them
-            sys.stderr.write(f"error: {err}\n")
-            sys.stderr.flush()
+            if not err.said:
+                sys.stderr.write(f"error: {err}\n")
+                sys.stderr.flush()
             status, reason = err.exit_code, str(err)
+        except KeyboardInterrupt:  # Ctrl-C outside a training, or a second one in it (qa/training/preemption.py)
+            for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: one more changes nothing
+                signal.signal(sig, signal.SIG_IGN)
+            sys.stderr.write(f"{CTRL_C}\n")
+            status, reason = EXIT_CTRL_C, CTRL_C
         except BaseException as exc:
             if not isinstance(exc, SystemExit) or exc.code not in (0, None):  # a bug: its type and first line
                 reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
@@ -69,8 +102,14 @@ def command(main):
         finally:
             if (path := os.environ.get("QA_OUTCOME_FILE")) and os.environ.get("RANK", "0") == "0":
                 outcome, default = OUTCOMES.get(status, ("failed", f"exit status {status}"))
-                with open(f"{path}.{os.getpid()}.tmp", "w") as f:  # whole, then renamed; not with qa.io, above us
-                    json.dump({"status": status, "outcome": outcome, "reason": reason or default}, f)
-                os.replace(f"{path}.{os.getpid()}.tmp", path)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                try:
+                    with open(tmp, "w") as f:  # whole, then renamed; not with qa.io, above us
+                        json.dump({"status": status, "outcome": outcome, "reason": reason or default}, f)
+                    os.replace(tmp, path)
+                except OSError as err:  # a full disk: the launcher reads the exit status instead
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                    sys.stderr.write(f"warning: {path}: how the run ended is not recorded ({err.strerror or err})\n")
         return status
     return run

@@ -1,15 +1,19 @@
 """The project's one reader (gzip by content, UTF-8, every problem a one-line InputError naming the file
 and the fix) and its atomic writes, whose files get what the umask gives any new file (0644 under 022:
-the group can read results on a shared cluster; temporary files and safetensors would leave 0600)."""
+the group can read results on a shared cluster; temporary files and safetensors would leave 0600). Every write
+of a run goes through `writing`, the one place where a full disk or quota becomes one line (DiskFull)."""
+import contextlib
+import errno
 import gzip
 import json
 import os
+import re
 import tempfile
 import zlib
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
-from qa.errors import InputError
+from qa.errors import EXIT_DISK_FULL, InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -100,22 +104,94 @@ def give_new_file_modes(folder) -> None:
             os.chmod(entry.path, mode)
 
 
-def atomic_write_text(path, text: str) -> None:
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=folder)
+DISK_FULL = {errno.ENOSPC: "no space left on its file system (ENOSPC)",
+             errno.EDQUOT: "the disk quota is exceeded (EDQUOT)"}
+WRITE_ELSEWHERE = "free space there and rerun, or write elsewhere: another --output_dir (in a SLURM job: OUTPUT_DIR " \
+                  "on the scratch file system)"
+
+
+class DiskFull(InputError):
+    """A write into `folder` found no space or quota left (`code`: ENOSPC or EDQUOT): one line, EXIT_DISK_FULL. A
+    cache's write catches it and goes on without the cache."""
+
+    def __init__(self, folder, what: str, code: int, then: str = ""):
+        self.folder, self.what, self.code, self.then = os.fspath(folder), what, code, then
+        super().__init__(self.folder, f"{DISK_FULL[code]} while writing {what}",
+                         WRITE_ELSEWHERE + (f"; {then}" if then else ""), EXIT_DISK_FULL)
+
+    def __reduce__(self):
+        return type(self), (self.folder, self.what, self.code, self.then)
+
+
+def disk_full(exc: BaseException, folder=None) -> Optional[int]:
+    """ENOSPC or EDQUOT when `exc`, or an error it came from, says the disk or the quota is full; else None.
+    safetensors gives the errno in its message only ("os error 28"), and torch.save's C++ writer not at all ("unexpected
+    pos"): for such a RuntimeError, a small write into `folder`, where it was writing, asks the file system."""
+    seen = exc
+    while seen is not None:
+        found = re.search(r"\(os error (\d+)\)", str(seen))
+        code = (seen.code if isinstance(seen, DiskFull) else seen.errno if isinstance(seen, OSError)
+                else int(found[1]) if found else None)
+        if code in DISK_FULL:
+            return code
+        seen = seen.__cause__ or seen.__context__
+    return refuses_writes(folder) if folder is not None and isinstance(exc, RuntimeError) else None
+
+
+def refuses_writes(folder) -> Optional[int]:
+    """ENOSPC or EDQUOT when `folder`'s file system refuses a small write (a page), else None."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, new_file_mode())  # mkstemp makes it 0600
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as err:
+        return err.errno if err.errno in DISK_FULL else None
+    return None
+
+
+@contextlib.contextmanager
+def writing(folder, what: str, then: str = "", undo=None):
+    """Around a write into `folder`: a full disk or quota ends it with DiskFull (one line naming `folder`, `what` was
+    written and the fix; `then`: what a rerun does) in place of whatever the writer raised, after `undo()` removed
+    what the write left (a partial folder)."""
+    try:
+        yield
+    except Exception as exc:
+        code = disk_full(exc, folder)
+        if code is None:
+            raise
+        if undo is not None:
+            undo()
+        raise DiskFull(folder, what, code, then) from None  # an inner one too: the outer write says more
+
+
+@contextlib.contextmanager
+def replacing(path):
+    """A temporary path beside `path` for the block to write (also a library's save that takes a path): renamed to
+    `path` with a new file's mode when the block ends well, removed otherwise, so `path` is whole or as it was."""
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    with writing(folder, os.path.basename(path)):
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=folder)
+        os.close(fd)
+        try:
+            yield tmp
+            os.chmod(tmp, new_file_mode())  # mkstemp makes it 0600
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def atomic_write_text(path, text: str) -> None:
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_json(path, obj, indent: int = 2) -> None:

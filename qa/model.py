@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from qa.errors import InputError
-from qa.io import give_new_file_modes
+from qa.io import give_new_file_modes, writing
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +47,12 @@ def build_random_bert(folder: Path, shape: dict) -> Path:
         tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
         # Written by hand: once a process group exists, transformers 5's save_pretrained writes
         # weights on global rank 0 only, and a rank 1 that got the lock first built an empty model.
-        tmp.mkdir(parents=True, exist_ok=True)
-        model.config.save_pretrained(tmp)
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
-        tokenizer.save_pretrained(tmp)
+        with writing(folder.parent, folder.name, undo=lambda: shutil.rmtree(tmp, ignore_errors=True)):
+            tmp.mkdir(parents=True, exist_ok=True)
+            model.config.save_pretrained(tmp)
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"),
+                      metadata={"format": "pt"})
+            tokenizer.save_pretrained(tmp)
         give_new_file_modes(tmp)  # safetensors writes weights 0600 whatever the umask
         if folder.exists():  # a torn folder from a killed build
             shutil.rmtree(folder)
@@ -159,7 +160,8 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     except (OSError, ValueError, ImportError) as err:
         message = str(err).lower()
         if kernel and (isinstance(err, ImportError) or "attn" in message or "attention" in message):
-            raise InputError(f"--attn_implementation {kernel}", f"not usable here ({str(err).splitlines()[0]})",
+            said = str(err).splitlines()[0].split(". ")[0][:100]  # not transformers' list of every kernel it knows
+            raise InputError(f"--attn_implementation {kernel}", f"not usable here ({said})",
                              "use sdpa (PyTorch's fused attention) or eager, or install that kernel's "
                              "package") from None
         if isinstance(err, ImportError):

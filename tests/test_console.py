@@ -201,6 +201,23 @@ def test_log_says_the_qa_head_is_new_in_one_line(run_log):
     assert len(lines) == 1 and "this run trains it" in lines[0] and "pooler.dense" in lines[0], lines
 
 
+def test_a_refused_rerun_says_only_why(run_log, monkeypatch, caplog, capsys):
+    """The same command again on its finished folder is refused; the loading's line ("the QA head ... is new: ...
+    this run trains it") no longer comes first, for a run that trains nothing. In-process, on run_log's folder."""
+    from run_qa import main
+    from tests.helpers import go_offline
+
+    _, out = run_log
+    go_offline(monkeypatch, out.parent / "hf", drop=("TENSORBOARD_LOGGING_DIR",))
+    with caplog.at_level(logging.INFO):
+        assert main([str(REPO / "configs" / "smoke_tiny.json"), "--model_name_or_path", str(out.parent / "base"),
+                     "--use_cpu", "false", "--output_dir", str(out), "--synthetic_train_examples", "120",
+                     "--synthetic_eval_examples", "40", "--do_predict", "true"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "holds a finished run" in errors[0], errors
+    assert [r.getMessage() for r in caplog.records if r.name == "qa.model"] == []
+
+
 def test_log_entries_are_numbers(run_log):
     text, out = run_log
     entries = [json.loads(line) for line in text.splitlines() if line.startswith('{"step": ')]

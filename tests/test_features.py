@@ -67,6 +67,25 @@ def test_window_settings_the_tokenizer_would_reject_are_refused(max_len, stride,
     check_window(384, 128, 64)
 
 
+@pytest.mark.parametrize("max_len,stride,max_q", [(10, 32, 32), (128, 128, 32), (40, 5, 32), (36, 1, 32),
+                                                 (64, 10, 64), (68, 33, 32)])
+def test_every_suggested_window_fix_works(max_len, stride, max_q):
+    """--max_seq_length 10 (the question alone overflows it) was told "lower doc_stride (e.g. 1)": each change the
+    line suggests must, made alone, give a window the tokenizer accepts."""
+    import re
+
+    with pytest.raises(InputError) as refused:
+        check_window(max_len, stride, max_q)
+    fix = refused.value.fix
+    changes = [dict(doc_stride=int(n)) for n in re.findall(r"lower doc_stride \(e\.g\. (-?\d+)\)", fix)]
+    changes += [dict(max_query_length=int(n)) for n in re.findall(r"lower max_query_length to (-?\d+)", fix)]
+    changes += [dict(max_seq_length=int(n)) for n in re.findall(r"raise max_seq_length to (-?\d+)", fix)]
+    assert changes and fix.count(", or ") == len(changes) - 1, fix  # every suggestion has its number
+    for change in changes:
+        window = {"max_seq_length": max_len, "doc_stride": stride, "max_query_length": max_q, **change}
+        check_window(**window)
+
+
 @pytest.mark.parametrize("stride,max_q,culprit", [(0, 32, "doc_stride=0"), (-8, 32, "doc_stride=-8"),
                                                   (32, 0, "max_query_length=0"), (32, -1, "max_query_length=-1")])
 def test_non_positive_stride_or_query_length_is_refused(stride, max_q, culprit):

@@ -51,9 +51,9 @@ def rehearsal(tmp_path_factory):
         pytest.skip(f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)")
     tmp = tmp_path_factory.mktemp("proof")
     results = tmp / "results"
-    first = call(tmp, "first", results, 600, "--pieces", "bench," + PARITY)
+    first = call(tmp, "first", results, 800, "--pieces", "bench," + PARITY)
     assert proof("collect", first[0], "--results", results).returncode == 0
-    second = call(tmp, "second", results, 900)
+    second = call(tmp, "second", results, 1200)
     assert proof("collect", second[0], "--results", results).returncode == 0
     return tmp, results, first, second
 

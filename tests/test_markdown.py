@@ -157,3 +157,32 @@ def test_links_resolve(path):
         elif anchor and file.suffix == ".md" and anchor not in headings_and_links(file.read_text(encoding="utf-8"))[0]:
             broken.append(f"{link}: no heading with the anchor #{anchor} in {file.relative_to(REPO)}")
     assert not broken, f"{path.relative_to(REPO)}:\n" + "\n".join(broken)
+
+
+def test_the_readme_gives_its_figures_after_the_quickstart():
+    """A newcomer reads what the project is, the two commands and the cluster quickstart before any speed figure
+    (throughput, MFU): those come after, in a section of their own, each linking to the page that holds its detail."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert headings[:3] == ["The two commands", "On a SLURM cluster: quickstart", "Measured"], headings
+    before, _, measured = text.partition("\n## Measured\n")
+    measured = measured.split("\n## ")[0]
+    speed = re.compile(r"\d[\d,.]*\s*(?:samples|windows|tokens|sequences)/s|MFU (?:is |of )?\d|\d(?:\.\d+)?x the")
+    assert not speed.findall(before), speed.findall(before)
+    assert speed.findall(measured)
+    items = re.findall(r"^- (.+?)(?=^- |\Z)", measured, flags=re.M | re.S)
+    assert items and all(re.search(r"\]\(docs/[\w.-]+\.md#[\w-]+\)", item) for item in items), items
+
+
+def test_every_job_is_submitted_as_the_docs_advise():
+    """docs/slurm.md warns that a job runs and writes in the folder it is submitted from (gigabytes of checkpoints,
+    small $HOME quotas), yet submitted some examples from the repository: every sbatch of a job script names it by
+    $REPO_DIR (from a submit folder on $LUSTRE), or names the output folder on $LUSTRE."""
+    submitted, wrong = 0, []
+    for path in markdown_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for command in re.findall(r"sbatch\b[^`#\n]*?\bjob_(?:ft3|ddp)\.sh[^`#\n]*", line):
+                submitted += 1
+                if "$REPO_DIR/job_" not in command and not re.search(r"(OUTPUT_DIR=|--output_dir )\$LUSTRE/", command):
+                    wrong.append(f"{path.relative_to(REPO)}:{number}: {command.strip()}")
+    assert submitted > 10 and not wrong, "\n".join(wrong)

@@ -203,6 +203,39 @@ def test_the_final_evaluation_on_all_questions_is_drawn_apart_from_those_during_
         assert [t.get_text() for t in ax.get_legend().get_texts()] == ["training", "evaluation: 3.4 at step 30"]
 
 
+def test_the_legend_clears_the_axis_label_and_both_final_scores_show():
+    """eval_f1.png as a newcomer saw it: the legend under the panel covered its x-axis label, and the final exact
+    match (93.3), drawn over the final F1 (94.7) at the same size, hid it. Read from the saved figures' artists."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    scalars = {**SCALARS, "eval/f1": [(10, 60.0), (20, 97.0), (30, 94.7)], "eval/exact_match": [(10, 50.0), (20, 96.0),
+                                                                                               (30, 93.3)],
+               "eval/loss": [(10, 2.0), (20, 0.4), (30, 0.5)], "eval_by_train_seconds/f1": [(5, 40.0), (10, 70.0)]}
+    results = {"eval_during_training_count": 2, "eval_f1": 94.7, "eval_exact_match": 93.3, "eval_loss": 0.5,
+               "eval_examples": 300, "target_f1": 60.0, "train_seconds_to_target_f1": 7.5}
+    figures = _plot_tb().figures(scalars, results, {"eval_every_questions": 100})
+    legends = 0
+    for name, fig in figures.items():
+        fig.savefig(io.BytesIO(), dpi=100, bbox_inches="tight")
+        renderer = fig.canvas.get_renderer()
+        for ax in _axes(fig):
+            if ax.get_legend() is not None:
+                legends += 1
+                legend, label = ax.get_legend().get_window_extent(renderer), ax.xaxis.label.get_window_extent(renderer)
+                assert legend.y1 < label.y0, (name, legend, label)  # the legend's top below the label's bottom
+    assert legends == 3  # loss, eval_f1 and f1_vs_time
+    (ax,) = _axes(figures["eval_f1.png"])
+    finals = [line for line in ax.lines if "final evaluation" in line.get_label()]
+    below, above = sorted(finals, key=lambda line: (line.get_zorder(), ax.lines.index(line)))
+    assert below.get_label().startswith("F1") and list(below.get_xdata()) == list(above.get_xdata())
+    # the one drawn first shows around the one drawn over it: a ring wider than the edge lines
+    assert below.get_markersize() - above.get_markersize() > 2 * below.get_markeredgewidth(), finals
+    for fig in figures.values():
+        plt.close(fig)
+
+
 @pytest.mark.slow
 def test_a_real_run_with_evaluations_during_training_shows_its_final_evaluation_apart(tmp_path_factory, tmp_path):
     """The same on a run's own events: the final evaluation is the last value at the last step, where the last

@@ -1,18 +1,22 @@
 """Checkpoint on SIGTERM in a distributed run (2 gloo processes on the CPU): a signal that only
 one rank gets still stops every rank at one and the same step with a complete checkpoint, and
-the ranks agree on it with an all-reduce every --preemption_check_steps steps, not at every step."""
+the ranks agree on it with an all-reduce every --preemption_check_steps steps, not at every step.
+Ctrl-C (SIGINT) does the same, alone and under torchrun, and a second one stops at once with one line."""
 import json
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import REPO, TORCHRUN, running
+from qa.errors import CTRL_C, EXIT_CTRL_C
+from tests.helpers import REPO, TORCHRUN, run_qa, running
 from tests.test_run_qa import _env
 
 pytestmark = pytest.mark.slow  # gloo process groups and torchrun runs: tens of seconds each
@@ -120,3 +124,130 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_with_a_complete_checkpoint(t
     state = json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())
     assert state["global_step"] == step and state["global_step"] < state["max_steps"]
     assert "interrupted by SIGTERM" in text and not (out / "all_results.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C: SIGINT as a terminal (or srun --pty) sends it; torchrun passes it on to its workers
+
+TINY = str(REPO / "configs" / "smoke_tiny.json")
+LONG = [TINY, "--num_train_epochs", "20", "--do_eval", "false", "--report_to", "none", "--save_steps", "1000"]
+
+
+def _as_in_a_terminal():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a test run as a background job inherits Ctrl-C ignored
+
+
+def _wait(condition, proc, what, log, timeout=300):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the run ended before {what}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} in {timeout} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
+def _start(cmd, env, log):
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=_as_in_a_terminal)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path, tmp_path_factory):
+    """Ctrl-C in training: the step under way ends, its checkpoint is saved and marked complete, the run says so and
+    how to go on, and ends with 130 without a traceback; the same command (longer here) resumes from that step."""
+    env, out, log = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt"
+    proc = _start([sys.executable, str(REPO / "run_qa.py"), *LONG, "--output_dir", str(out)], env, log)
+    try:
+        _wait(lambda: '"step": 5,' in log.read_text(), proc, "logged step 5", log)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=300) == EXIT_CTRL_C, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert "Ctrl-C: stopping with a checkpoint at a step's end; Ctrl-C again stops at once, unsaved" in text
+    step = int(re.findall(r"signal received: saving checkpoint-(\d+) and stopping", text)[0])
+    assert (f"interrupted by Ctrl-C (on this or another rank): checkpoint-{step} saved in {out}; rerun (--resume auto) "
+            "to continue") in text, text[-1000:]
+    assert (out / f"checkpoint-{step}" / "checkpoint_complete.json").is_file()
+    assert not (out / "run.lock").exists() and not (out / "all_results.json").exists()
+
+    rerun = run_qa([*LONG, "--max_steps", str(step + 2), "--output_dir", str(out)], env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming from {out / f'checkpoint-{step}'}" in rerun.stderr
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == step + 2
+
+
+def test_a_second_ctrl_c_stops_at_once_with_one_line(tmp_path, tmp_path_factory):
+    """Ctrl-C, then Ctrl-C again before the step ends (the step pauses for 10 minutes here): the run stops at once
+    with one line and 130, saves nothing, and gives its output folder back."""
+    env, out, log, flag = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt", tmp_path / "paused"
+    proc = _start([sys.executable, "-m", "tests.eval_hooks", "pause_training", str(flag), "--", *LONG,
+                   "--output_dir", str(out)], env, log)
+    try:
+        _wait(lambda: Path(f"{flag}.0").exists(), proc, "the pause in training", log)
+        proc.send_signal(signal.SIGINT)
+        _wait(lambda: "Ctrl-C again" in log.read_text(), proc, "the first Ctrl-C's line", log)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == EXIT_CTRL_C, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert "Traceback" not in text and text.rstrip().splitlines()[-1] == CTRL_C, text[-3000:]
+    assert not list(out.glob("checkpoint-*")) and not (out / "run.lock").exists()
+
+
+def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
+    """The imports take seconds before a command's main runs: a Ctrl-C then is the same line, and the process ends by
+    SIGINT (130 in a shell)."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "run_qa.py"), TINY, "--output_dir", str(tmp_path / "run")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_in_a_terminal)
+    time.sleep(1.5)  # imports take more than that (transformers alone: seconds)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", CTRL_C + "\n")
+
+
+def test_ctrl_c_under_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, tmp_path_factory):
+    """A terminal's Ctrl-C reaches torchrun alone (its workers run in sessions of their own); it passes SIGINT on to
+    them. Both ranks save the same step and end with 130, which rank 0 writes into QA_OUTCOME_FILE (torchrun itself
+    ends with 1 and a traceback of its own SignalException, as torch 2.13's torchrun does for every signal)."""
+    env, out, log = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt"
+    env.update(OMP_NUM_THREADS="1", QA_OUTCOME_FILE=str(tmp_path / "outcome.json"))
+    proc = _start([*TORCHRUN, str(REPO / "run_qa.py"), *LONG, "--preemption_check_steps", "2",
+                   "--output_dir", str(out)], env, log)
+    try:
+        _wait(lambda: '"step": 5,' in log.read_text(), proc, "logged step 5", log)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    text = log.read_text()
+    stopped = re.findall(r"signal received: saving checkpoint-(\d+) and stopping", text)
+    assert len(stopped) == 2 and len(set(stopped)) == 1, text[-3000:]  # each rank once, the same step
+    assert (out / f"checkpoint-{stopped[0]}" / "checkpoint_complete.json").is_file()
+    assert text.count("interrupted by Ctrl-C (on this or another rank)") == 2, text[-3000:]
+    assert "KeyboardInterrupt" not in text and 'run_qa.py", line' not in text, text[-3000:]
+    outcome = json.loads((tmp_path / "outcome.json").read_text())
+    assert (outcome["status"], outcome["outcome"]) == (EXIT_CTRL_C, "interrupted")
+
+
+def test_a_second_ctrl_c_under_torchrun_stops_every_rank_at_once(tmp_path, tmp_path_factory):
+    """torchrun passes a second Ctrl-C on as SIGTERM (torch 2.13): after a Ctrl-C that counts as the second, and each
+    rank stops at once with one line; rank 0's outcome is 130."""
+    env, out, log, flag = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt", tmp_path / "paused"
+    env.update(OMP_NUM_THREADS="1", QA_OUTCOME_FILE=str(tmp_path / "outcome.json"))
+    proc = _start([*TORCHRUN, "-m", "tests.eval_hooks", "pause_training", str(flag), "--", *LONG,
+                   "--output_dir", str(out)], env, log)
+    try:
+        _wait(lambda: Path(f"{flag}.0").exists() and Path(f"{flag}.1").exists(), proc, "the pause in training", log)
+        proc.send_signal(signal.SIGINT)
+        _wait(lambda: "Ctrl-C again" in log.read_text(), proc, "the first Ctrl-C's line", log)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert text.count(CTRL_C) == 2 and "KeyboardInterrupt" not in text, text[-3000:]
+    assert not list(out.glob("checkpoint-*"))
+    assert json.loads((tmp_path / "outcome.json").read_text())["status"] == EXIT_CTRL_C

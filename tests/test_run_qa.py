@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, TORCHRUN, go_offline, results, run_qa
+from tests.helpers import REPO, TORCHRUN, go_offline, losses, results, run_qa
 
 SMOKE = str(REPO / "configs" / "smoke.json")  # the README's main job
 # A tiny random BERT on generated data: seconds per run; used where only agreement matters.
@@ -83,6 +83,9 @@ def test_run_records_everything(trained):
         tags |= set(acc.Tags()["scalars"])
     assert {"train/loss", "train/learning_rate", "train/grad_norm"} <= tags, tags
     assert "eval F1" in (out / "results.md").read_text()
+    logged = losses(out)[-1]  # the real run's last logged loss, beside the mean of all its steps
+    assert res["train_loss_last_logged"] == pytest.approx(logged, abs=1e-6) and res["train_loss_steps"].startswith("1-")
+    assert "| training loss, last logged (mean of steps " in (out / "results.md").read_text()
     assert_breakdown_adds_up(out, training=True)
 
 
@@ -99,6 +102,26 @@ def assert_breakdown_adds_up(out, training):
     summary = (out / "results.md").read_text()
     assert (f"| training | {phases['training']:.1f} |" in summary) == training, summary
     assert f"| final evaluation | {phases['final_evaluation']:.1f} |" in summary, summary
+
+
+def test_results_name_each_loss_for_what_it_is():
+    """results.md called the run's mean training loss its "final training loss" (1.898 where the last logged loss
+    was 0.493): each figure by what it is, the last logged loss beside the mean, and the steps each covers."""
+    from qa.results.records import loss_figures, results_markdown
+
+    history = [{"loss": 4.1, "step": 10}, {"eval_f1": 50.0, "step": 10}, {"loss": 0.9, "step": 20},
+               {"loss": 0.493, "step": 30}, {"train_loss": 1.898, "step": 30}]
+    figures = loss_figures(history, 0, 30)
+    assert figures == {"train_loss_steps": "1-30", "train_loss_last_logged": 0.493,
+                       "train_loss_last_logged_steps": "21-30"}
+    assert loss_figures(history, 25, 30)["train_loss_steps"] == "26-30"  # resumed: the Trainer's mean starts there
+    assert loss_figures(history, 25, 30)["train_loss_last_logged_steps"] == "26-30"
+    env = {"config": {"do_train": True}, "distributed": {}, "slurm": {}, "git_commit": None, "host": "node1",
+           "devices": {"gpus": [], "cpu_count": 2}}
+    table = results_markdown({"train_loss": 1.898, "epoch": 2.0, **figures}, env)
+    assert "| training loss, mean of steps 1-30 | 1.8980 |" in table
+    assert "| training loss, last logged (mean of steps 21-30) | 0.4930 |" in table
+    assert "| epochs trained | 2.00 |" in table and "final training loss" not in table
 
 
 @pytest.mark.slow
@@ -469,10 +492,22 @@ def test_a_shell_without_the_environment_gets_one_line(tmp_path):
     import subprocess
     import sys
 
+    import re
+
     subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
-    for script in ("run_qa.py", "utils_qa.py"):
+    written = tmp_path / "mine.env.sh"  # where setup_bert.sh wrote it (ENV_FILE)
+    written.write_text("source .venv/bin/activate\n")
+    # The file named is one that exists: not the cluster's default, which the README's local flow never makes
+    for script, env_file in (("run_qa.py", written), ("utils_qa.py", written), ("run_qa.py", None)):
+        env = {k: v for k, v in os.environ.items() if k not in ("ENV_FILE", "STORE", "VIRTUAL_ENV")}
+        env.update(HOME=str(tmp_path / "home"), **({"ENV_FILE": str(env_file)} if env_file else {}))
         proc = subprocess.run([str(tmp_path / "bare" / "bin" / "python"), str(REPO / script), SMOKE],
-                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-        assert "environment is not active" in lines[0] and "bert-squad.env.sh" in lines[0], lines[0]
+        assert "environment is not active" in lines[0], lines[0]
+        named = re.search(r"Fix: source (\S+)$", lines[0])
+        if env_file:
+            assert named and named[1] == str(env_file), lines[0]
+        else:  # the repository's own (README: VENV_DIR=.venv), or none yet: run the setup
+            assert named[1] == str(REPO / ".venv.env.sh") if named else "run ./setup_bert.sh" in lines[0], lines[0]

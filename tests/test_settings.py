@@ -3,6 +3,7 @@ an out-of-range value stops run_qa.py with one `error:` line naming the setting 
 exit 2, no traceback, and nothing written (no output folder, no environment.json, no features
 cache, no tiny-BERT build). And `--help` prints the help and exits 0."""
 import dataclasses
+import logging
 import math
 import os
 import shutil
@@ -233,6 +234,72 @@ def test_many_unknown_arguments_keep_the_line_short(offline, capsys):
     assert main(BASE + [f"--no_such_setting_{i}" for i in range(40)] + ["--output_dir", str(offline / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'--no_such_setting_5', '...'" in err[0] and len(err[0]) < 300, err
+
+
+def _config(folder, **settings):
+    import json
+
+    config = folder / "cfg.json"
+    config.write_text(json.dumps({"model_name_or_path": "bundled:tiny-bert", "dataset_name": "synthetic",
+                                  "do_train": True, "do_eval": True, "use_cpu": True, **settings}))
+    return str(config)
+
+
+@pytest.mark.parametrize("config, flags, said", [
+    ({}, ["--learning_rat", "1e-4"], "command line: unknown arguments ['--learning_rat', '1e-4']. Fix: did you mean "
+                                     "--learning_rate (not --learning_rat)?"),
+    ({}, ["--num_train_epochs", "two"], "command line: invalid arguments: argument --num_train_epochs/"
+                                        "--num-train-epochs: invalid float value: 'two'. Fix: use e.g. 2"),
+    ({}, ["--output_dir"], "command line: invalid arguments: argument --output_dir/--output-dir: expected one "
+                           "argument. Fix: give a folder this user can create and write to"),
+    ({"learning_rat": 1e-4}, [], "{config}: unknown arguments ['--learning_rat', '0.0001']. Fix: did you mean"),
+    ({"num_train_epochs": "two"}, ["--seed", "3"], "{config}: invalid arguments: argument --num_train_epochs/"
+                                                    "--num-train-epochs: invalid float value: 'two'. Fix: use e.g. 2"),
+], ids=["misspelt flag", "flag value", "flag without value", "misspelt key", "key value"])
+def test_a_mistake_is_blamed_on_where_it_was_made(config, flags, said, offline, capsys):
+    """A mistake on the command line was reported as the config file's; the config's own are still its own. Each
+    line says what to give instead of only pointing at --help."""
+    from run_qa import main
+
+    path = _config(offline, **config)
+    out = [] if flags == ["--output_dir"] else ["--output_dir", str(offline / "out")]
+    assert main([path, *out, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: " + said.format(config=path)), err
+    assert sorted(p.name for p in offline.iterdir()) == ["cfg.json"]
+
+
+def test_a_negative_number_is_a_value(offline, capsys):
+    """`--learning_rate -3e-5` was read as a flag ("expected one argument"): it is a value, refused by its rule."""
+    from qa.arguments import parse_args
+    from run_qa import main
+
+    for flags, said in ((["--learning_rate", "-3e-5"], "error: learning_rate=-3e-05: must be at least 0"),
+                        (["--seed", "-1"], "error: seed=-1: must be a whole number from 0")):
+        assert main(BASE + flags + ["--output_dir", str(offline / "out")]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(said)
+    parsed = parse_args(BASE + ["--null_score_diff_threshold", "-1.5e1", "--output_dir", str(offline / "out")])
+    assert parsed[1].null_score_diff_threshold == -15.0
+
+
+def test_a_setting_a_config_gives_is_unset_from_the_command_line_with_none(offline, caplog):
+    """configs/smoke.json evaluates during training; `--eval_every none` and `0` were both refused and no page said
+    how. `none` unsets it: what only it gives meaning to is left unused with a warning, not refused."""
+    from qa.arguments import RULES, parse_args
+
+    path = _config(offline, eval_every=0.25, eval_every_questions=100, target_f1=85, max_train_samples=64)
+    with caplog.at_level(logging.WARNING, logger="qa.arguments"):
+        _, data_args, run_args, _, _ = parse_args([path, "--eval_every", "none", "--max_train_samples", "None",
+                                                   "--output_dir", str(offline / "out")])
+    assert (run_args.eval_every, run_args.target_f1, run_args.eval_every_questions) == (None, None, None)
+    assert data_args.max_train_samples is None
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "--eval_every_questions 100: unused: validation questions of each evaluation during training (--eval_every "
+        "is off)", "--target_f1 85: unused: the F1 whose training time to reach is reported (--eval_every is off)"]
+    assert "none" in RULES["eval_every"].fix  # what `--eval_every 0` is told
+    assert "`--eval_every none`" in (REPO / "docs" / "running.md").read_text()
+    with pytest.raises(InputError, match="^target_f1=85: means nothing without --eval_every"):  # never given: refused
+        parse_args([_config(offline, target_f1=85), "--output_dir", str(offline / "out")])
 
 
 def test_fp16_on_the_cpu_is_refused(tmp_path):

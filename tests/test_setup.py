@@ -186,6 +186,42 @@ def test_the_package_declares_ranges_that_hold_the_pins():
     assert ranges["huggingface-hub"].contains("1.33.0")
 
 
+def _project_imports() -> dict:
+    """Top-level module -> the files of the project (tests aside) that import it, standard library and the project's
+    own modules left out."""
+    import ast
+
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "*.py"], capture_output=True, text=True).stdout.split()
+    files = [REPO / name for name in listed if not name.startswith("tests/")]
+    own = {path.stem for path in files} | {path.stem for path in REPO.iterdir()}  # bench's scripts import each other
+    found = {}
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            for top in {name.split(".")[0] for name in names} - set(sys.stdlib_module_names) - own:
+                found.setdefault(top, set()).add(path.relative_to(REPO).as_posix())
+    return found
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="the project's files are those git tracks")
+def test_the_requirements_name_every_package_the_project_imports():
+    """qa/manifest.py imported xxhash, which came only through datasets: whatever the project's code imports is
+    pinned in requirements.txt and declared in pyproject.toml, not left to another package's dependencies."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    imports = _project_imports()
+    assert {"torch", "transformers", "xxhash"} <= set(imports), imports  # the walk sees the project's code
+    pinned = {canonicalize_name(name) for name in pins(REPO / "requirements.txt")}
+    declared = {canonicalize_name(Requirement(r).name)
+                for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    by_module = importlib.metadata.packages_distributions()
+    missing = {module: sorted(where)[:3] for module, where in imports.items()
+               if not {canonicalize_name(d) for d in by_module.get(module, [module])} & pinned & declared}
+    assert not missing, f"imported by the project, not in requirements.txt and pyproject.toml: {missing}"
+
+
 @pytest.mark.skipif(not IN_VENV, reason="the pins are checked against the test venv")
 def test_requirements_match_the_installed_versions():
     wrong = {name: (want, importlib.metadata.version(name))
@@ -270,6 +306,19 @@ def test_prefetch_failure_stops_setup_with_the_fix(setup_env):
     assert last.startswith("error: the Hugging Face Hub at ") and "cannot be reached" in last
     assert "Fix: run this on a login node" in last
     assert "Done." not in proc.stdout
+
+
+def test_the_readme_flow_sources_the_env_file_setup_writes():
+    """The setup summary names its HF cache ($HOME/hf_cache, HF_HOME in the env file) while the README's local flow
+    activated the venv alone, and the run cached its features under ~/.cache/huggingface: the flow sources the env
+    file setup_bert.sh writes for that VENV_DIR, as jobs do, and the summary says where its cache applies."""
+    line = next(line for line in (REPO / "README.md").read_text().splitlines()
+                if "./setup_bert.sh" in line and "VENV_DIR=" in line)
+    venv = re.search(r"VENV_DIR=(\S+)", line)[1]
+    assert re.search(r"&& (?:\.|source) (\S+)$", line)[1] == f"{venv}.env.sh", line
+    script = SETUP.read_text()
+    assert 'ENV_FILE=$(absolute "${ENV_FILE:-$VENV_DIR.env.sh}")' in script  # the file that flow sources
+    assert "HF cache  $HF_CACHE_DIR (HF_HOME in a shell or job that sources the job env below)" in script
 
 
 # --- tools/prefetch.py -----------------------------------------------------------------------

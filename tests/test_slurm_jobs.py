@@ -15,6 +15,8 @@ jobs/launch.sh (srun -> torchrun -> run_qa.py); job_ft3.sh is its 1 node x 1 pro
 - a rank killed mid-training (SIGKILL, like the OOM killer) ends the whole 2-node job promptly;
 - a refused run, one out of memory and one interrupted without requeue end their jobs with run_qa.py's
   own status (2, 3, 143) and outcome, which rank 0 wrote into the launcher's outcome file (torchrun says 1);
+- a check job warned of its time limit (by hand, and at a real one with SLURM_SLOW_TESTS=1) stops not ready
+  (status 2, its verdict once) and is not requeued, although job_ft3.sh asks for --requeue;
 - STRATEGY=fsdp and GLOBAL_BATCH: the arguments reach run_qa.py and the job completes. What CPU
   cannot show: accelerate 1.15 shards only on GPUs (with use_cpu it runs FSDP requests as plain
   DDP, MULTI_CPU), so sharding, sharded checkpoints and NCCL are for a GPU cluster to check.
@@ -778,3 +780,53 @@ def test_check_jobs_say_ready_or_not_and_leave_no_run_behind(slurm_cluster, env_
     world = next(c["text"] for c in json.loads((jobs["ddp"].out / "check.json").read_text())["checks"]
                  if c["check"] == "world")
     assert world.startswith("2 ranks on 1 node(s)") and world.endswith("backend gloo"), world
+
+
+# ---------------------------------------------------------------------------------------------
+# A check job at its time limit: not ready, never requeued (it would start over and meet the same limit)
+
+def _check_submitted(slurm_cluster, env_file, tmp_path, *sbatch_args) -> Job:
+    """A check through job_ft3.sh (header: --requeue, USR1 300 s before the limit) whose measured training steps take
+    8 s each (tests/eval_hooks.py slow): more than three minutes of checking."""
+    return submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=none", *sbatch_args, name="check-limit",
+                  args=[CONFIG, "--check", "--output_dir", str(tmp_path / "out")],
+                  RUN_QA="-m tests.eval_hooks slow 8 --", PYTHONPATH=REPO)
+
+
+def _stopped_not_ready_and_not_requeued(job):
+    info = job.wait(timeout=600)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0" and info["Restarts"] == "0", \
+        f"{info}\n{job.tail()}"
+    log = job.logs()
+    assert "SIGUSR1 received: stopping the check, which reports it" in log, job.tail()
+    assert "not requeueing a check job: it would start over" in log, job.tail()
+    verdict = json.loads((job.out / "check.json").read_text())["verdict"]
+    assert verdict.startswith("not ready: --time: the check was stopped by SIGTERM "), verdict
+    assert f"[rank0]: {verdict}" in job.log() and log.count("the check was stopped by SIGTERM") == 1, job.tail()
+    assert {p.name for p in job.out.iterdir()} == {"check.json", "check.md"}, job.tail()  # and no job_time.jsonl
+    assert "check job wall clock" in job.log()
+    assert not re.search(r'File "[^"]*/(run_qa\.py|qa/|tests/eval_hooks\.py)', log), job.tail()  # torchrun's own only
+
+
+@pytest.mark.slow  # a real local SLURM cluster
+def test_a_check_job_warned_before_its_time_limit_is_not_ready_and_not_requeued(slurm_cluster, env_file, tmp_path):
+    """The warning --signal=B:USR1@300 sends before the time limit, sent by hand (scancel --signal=USR1 --batch) while
+    the check measures: the check stops not ready (status 2, "a longer --time"), the job ends with it, Restarts=0."""
+    job = _check_submitted(slurm_cluster, env_file, tmp_path)
+    deadline = time.monotonic() + 300
+    while "check output folder" not in job.log():  # the slowed training steps follow
+        assert job.state() not in TERMINAL and time.monotonic() < deadline, job.tail()
+        time.sleep(0.2)
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job.id)
+    _stopped_not_ready_and_not_requeued(job)
+
+
+@pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.skipif(not os.environ.get("SLURM_SLOW_TESTS"),
+                    reason="waits for SLURM's warning before a real time limit (60-120 s); set SLURM_SLOW_TESTS=1")
+def test_a_check_job_that_meets_its_time_limit_is_not_ready_and_not_requeued(slurm_cluster, env_file, tmp_path):
+    """--time=3 (minutes: SLURM's unit) with the warning 60 s before it, which SLURM may send up to 60 s early: 60-120
+    s after the start, when start-up and imports are over, the slowed check is still measuring, and a minute is left
+    for it to say so."""
+    job = _check_submitted(slurm_cluster, env_file, tmp_path, "--time=3", "--signal=B:USR1@60")
+    _stopped_not_ready_and_not_requeued(job)

@@ -453,7 +453,7 @@ def test_callbacks_are_installed_through_the_public_api():
     import qa.training.callbacks
     from qa.arguments import RunArguments
     from qa.console import LogLinesCallback, LogLinesProgressCallback
-    from qa.training.callbacks import install, run_callbacks, summary
+    from qa.training.callbacks import TensorBoardEvents, install, run_callbacks, summary
 
     assert "_getframe" not in inspect.getsource(qa.training.callbacks)
     args = TrainingArguments(output_dir="x", use_cpu=True, report_to=["tensorboard"])
@@ -466,7 +466,11 @@ def test_callbacks_are_installed_through_the_public_api():
         install(trainer, callbacks, run_args)
         printer = [c for c in before if isinstance(c, (ProgressCallback, PrinterCallback))]
         assert len(printer) == 1
-        now = trainer.callback_handler.callbacks
+        # the Trainer's TensorBoard callback is replaced by the one whose full disk is one line
+        events = [c for c in trainer.callback_handler.callbacks if isinstance(c, TensorBoardEvents)]
+        assert len(events) == 1 and not any(type(c) is TensorBoardCallback for c in trainer.callback_handler.callbacks)
+        now = [c for c in trainer.callback_handler.callbacks if c is not events[0]]
+        before = [c for c in before if not isinstance(c, TensorBoardCallback)]
         if log_lines:
             kept = [c for c in before if c is not printer[0]]
             assert now[:len(kept)] == kept and isinstance(now[len(kept)], (LogLinesCallback, LogLinesProgressCallback))

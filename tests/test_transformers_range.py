@@ -14,7 +14,8 @@ import re
 import subprocess
 
 import pytest
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerState, TrainingArguments
+from transformers.integrations import TensorBoardCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import EvalLoopOutput, rotate_checkpoints, speed_metrics
 
@@ -68,6 +69,13 @@ CONTRACTS = {
         lambda t: {"batch_size", "lengths"} <= set(_params(LengthGroupedSampler.__init__)),
     "Trainer.is_in_train, set by train() while it runs (the clock of evaluations during training)":
         lambda t: _uses(t.train, "self.is_in_train = True") and _uses(t.__init__, "self.is_in_train = False"),
+    "Trainer.save_state() through TrainerState.save_to_json(json_path), written whole by the override":
+        lambda t: _params(t.save_state) == ["self"] and _uses(t.save_state, "save_to_json(")
+        and _params(TrainerState.save_to_json)[1:] == ["json_path"],
+    "TensorBoardCallback(): its folder in logging_dir from TENSORBOARD_LOGGING_DIR, its writes in on_train_begin, "
+    "on_log and on_train_end (qa/training/callbacks.py wraps them)":
+        lambda t: _uses(TensorBoardCallback.__init__, "TENSORBOARD_LOGGING_DIR")
+        and all(name in vars(TensorBoardCallback) for name in ("on_train_begin", "on_log", "on_train_end")),
     "TrainingArguments.train_sampling_strategy, length_column_name, save_total_limit":
         lambda t: {"train_sampling_strategy", "length_column_name", "save_total_limit"}
         <= set(TrainingArguments.__dataclass_fields__),

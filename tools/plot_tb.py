@@ -236,7 +236,9 @@ def _draw_panel(ax, scalars, ylabel, kind, curves, xlabel=X_LABEL, final=None):
             step, value = apart[tag]
             values.append(value)
             named = f"{name}, " if name and "evaluation" not in name else ""  # not "evaluation, final evaluation"
-            ax.plot([step], [value], "D", markersize=7, markeredgecolor="black",
+            # Final F1 and exact match are often a point apart: each later one smaller, the earlier shows around it
+            later = [t for t, _ in curves if t in apart].index(tag)
+            ax.plot([step], [value], "D", markersize=10 - 4 * later, markeredgecolor="black",
                     label=_point_label(named + final["final"], value, step, kind))
     limits = y_limits(values, kind)
     if limits is not None:
@@ -251,8 +253,15 @@ def _draw_panel(ax, scalars, ylabel, kind, curves, xlabel=X_LABEL, final=None):
 
 
 def legend_below(ax) -> None:
-    """Under the panel, where it covers no curve (savefig's tight box keeps it in the picture)."""
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize="small", frameon=False)
+    """Under the panel and its x-axis label, where it covers neither a curve nor the label (savefig's tight box keeps
+    it in the picture). Placed in points below the axes, as the tick labels and the axis label are: it stays clear of
+    them whatever size the panel takes."""
+    from matplotlib.transforms import offset_copy
+
+    renderer = ax.figure.canvas.get_renderer()
+    axis = (ax.get_window_extent(renderer).y0 - ax.xaxis.get_tightbbox(renderer).y0) * 72 / ax.figure.dpi
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0), fontsize="small", frameon=False,
+              bbox_transform=offset_copy(ax.transAxes, fig=ax.figure, y=-(axis + 4), units="points"))
 
 
 def draw_target(ax, target: dict) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from qa.errors import InputError
-from qa.io import atomic_write_json, read_json
+from qa.io import DISK_FULL, atomic_write_json, disk_full, read_json, writing
 from qa.manifest import check_files, record_files
 from qa.training.runlock import process_start  # the run lock's test of a live process
 
@@ -116,11 +116,17 @@ def cached_features(examples, tokenizer, fn, params: dict, *, cache_dir=None, nu
             logger.warning("features cache entry %s is damaged (%s): rebuilding it", pointer, problem)
         else:
             logger.info("features cache miss: %s", pointer)
-        feats = examples.map(
-            fn, batched=True, num_proc=num_proc, remove_columns=examples.column_names,
-            fn_kwargs=dict(tokenizer=tokenizer, **params), desc=desc, load_from_cache_file=False,
-        )
-        return load_from_disk(str(_publish(feats, pointer))), False
+        work, feats = dict(batched=True, num_proc=num_proc, remove_columns=examples.column_names, desc=desc,
+                           fn_kwargs=dict(tokenizer=tokenizer, **params), load_from_cache_file=False), None
+        try:  # datasets writes the map of a dataset read from disk beside it: in HF_HOME too, for a Hub dataset
+            feats = examples.map(fn, **work)
+            return load_from_disk(str(_publish(feats, pointer))), False
+        except Exception as exc:  # a cache is an optimisation: on a full disk the run goes on without it
+            if (code := disk_full(exc)) is None:
+                raise
+        logger.warning("features cache %s: %s: this run goes on with its features in memory, uncached", cache_dir,
+                       DISK_FULL[code])
+        return (examples.map(fn, keep_in_memory=True, **work) if feats is None else feats), False
 
 
 KEEP_REPLACED_S = 7 * 86400  # longer than a job's time limit: no job that loaded a replaced version still reads it
@@ -165,15 +171,17 @@ def _publish(feats, pointer: Path) -> Path:
     name = pointer.name.removesuffix(".json")
     tmp = pointer.with_name(f"{name}.tmp-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # this process's own, from a try that failed
-    feats.save_to_disk(str(tmp))
-    files = record_files(tmp)
     folder = pointer.with_name(f"{name}.v-{secrets.token_hex(6)}")
-    os.replace(tmp, folder)
-    try:  # the version it replaces starts its KEEP_REPLACED_S now, before the switch makes it collectable
-        os.utime(_entry(pointer)[0])
-    except (ValueError, OSError):
-        pass
-    atomic_write_json(pointer, {"format": 1, "folder": folder.name, "files": files})
+    # A full disk leaves neither the staging nor the version folder behind, and the pointer as it was
+    with writing(pointer.parent, pointer.name, undo=lambda: (shutil.rmtree(tmp, True), shutil.rmtree(folder, True))):
+        feats.save_to_disk(str(tmp))
+        files = record_files(tmp)
+        os.replace(tmp, folder)
+        try:  # the version it replaces starts its KEEP_REPLACED_S now, before the switch makes it collectable
+            os.utime(_entry(pointer)[0])
+        except (ValueError, OSError):
+            pass
+        atomic_write_json(pointer, {"format": 1, "folder": folder.name, "files": files})
     return folder
 
 

@@ -131,14 +131,13 @@ def _load_hub(name: str, config: Optional[str], cache_dir: Optional[str]):
                                  "or run `hf auth login` for a gated dataset") from exc
             raise
         # Compute nodes have no internet: the dataset must be fetched on a login node first.
-        why = "offline mode is on (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)" if offline else "the Hub cannot be reached"
+        why = "offline mode is on (HF_*_OFFLINE)" if offline else "the Hub cannot be reached"
         env = f"DATASET={name}" + (f" DATASET_CONFIG={config}" if config else "")
-        not_cache_dir = f" and without --cache_dir (it fills HF_HOME, not {cache_dir})" if cache_dir else ""
-        raise InputError(f"Hub dataset {name!r}", f"cannot be loaded: {why} and it is not in the cache "
-                         f"{cache_dir or datasets.config.HF_DATASETS_CACHE}",
-                         f"on a login node with internet run `{env} ./{SETUP_SCRIPT}` to pre-fetch it into "
-                         "$HF_CACHE_DIR, then run this job with HF_HOME set to that directory (source the env "
-                         f"file {SETUP_SCRIPT} writes){not_cache_dir}; or pass --train_file / --validation_file"
+        not_cache_dir = " and drop --cache_dir" if cache_dir else ""
+        raise InputError(f"Hub dataset {name!r}", f"cannot be loaded: {why}, and the cache "
+                         f"{cache_dir or datasets.config.HF_DATASETS_CACHE} lacks it", f"fetch it on a login node "
+                         f"(`{env} ./{SETUP_SCRIPT}`), source the env file it writes{not_cache_dir}; or pass "
+                         "--train_file / --validation_file"
                          ) from exc
 
 

@@ -54,11 +54,12 @@ def table_from_document(obj, path: str, require_answers: bool) -> Table:
         items = obj
     else:
         keys = sorted(obj) if isinstance(obj, dict) else [type(obj).__name__]
-        # a few keys: the line stays short whatever the file holds
-        found = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more keys" if len(keys) > 5 else "")
+        # the keys that fit in 40 characters (at least one): the line stays short whatever the file holds
+        shown = [key for i, key in enumerate(keys[:5]) if len(", ".join(keys[:i + 1])) <= 40] or keys[:1]
+        found = ", ".join(shown) + (f" and {len(keys) - len(shown)} more keys" if len(keys) > len(shown) else "")
         raise InputError(path, f"unknown layout (top level: {found})",
-                         'give the official SQuAD JSON {"version", "data": [{"title", "paragraphs": [...]}]}, '
-                         f'a list of records or {{"data": [records]}} with columns {EXPECTED_COLUMNS}')
+                         'give SQuAD JSON {"data": [{"title", "paragraphs"}]}, or records (a list, or {"data": '
+                         f'[...]}}) with columns {EXPECTED_COLUMNS}')
     if not (items and isinstance(items[0], dict) and "paragraphs" in items[0]):
         return table_from_records(items, path, require_answers)
     table = table_from_nested(items, path, require_answers)

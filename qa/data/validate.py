@@ -24,9 +24,8 @@ def validate(table: Table, version_2_with_negative: bool, check_answer_spans: bo
     if table.has_answers and not version_2_with_negative and unanswerable:
         raise InputError(table.name(unanswerable[0]), f"has no answer: this is SQuAD v2.0 data ("
                          f"{len(unanswerable)} of {len(table.id)} questions are unanswerable)",
-                         "pass --version_2_with_negative to train and evaluate with unanswerable "
-                         "questions, or remove them (the scorer takes a file as SQuAD v2.0 when its "
-                         "version is \"v2.0\" or a question is marked \"is_impossible\": true)")
+                         "pass --version_2_with_negative, or remove them (bert-squad-score reads v2.0 from "
+                         "\"version\": \"v2.0\" or an \"is_impossible\" question)")
     _check_answers(table, check_answer_spans)
 
 

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from qa.io import writing
+
 logger = logging.getLogger(__name__)
 
 TAG = "eval_by_train_seconds"  # TensorBoard: F1 and EM with the training seconds as the step
@@ -129,14 +131,15 @@ class TimeToAccuracyCallback(TrainerCallback):
     def _write_tensorboard(self, state, entry):
         if self.tensorboard_dir is None or not state.is_world_process_zero:
             return
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
+        with writing(self.tensorboard_dir, "TensorBoard events"):
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(self.tensorboard_dir)
-        seconds = round(entry["train_seconds"])
-        for name in ("f1", "exact_match"):
-            self._writer.add_scalar(f"{TAG}/{name}", entry[name], global_step=seconds)
-        self._writer.flush()
+                self._writer = SummaryWriter(self.tensorboard_dir)
+            seconds = round(entry["train_seconds"])
+            for name in ("f1", "exact_match"):
+                self._writer.add_scalar(f"{TAG}/{name}", entry[name], global_step=seconds)
+            self._writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self._training:
@@ -144,8 +147,9 @@ class TimeToAccuracyCallback(TrainerCallback):
         self._training = False
         self.train_seconds = time.perf_counter() - self._start - self.evaluation_s
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            with writing(self.tensorboard_dir, "TensorBoard events"):
+                writer.close()
 
     def summary(self) -> dict:
         """Keys for train_results.json."""

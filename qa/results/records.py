@@ -80,11 +80,12 @@ def save_split_metrics(output_dir, split: str, metrics: dict) -> None:
     _merge_results(output_dir, metrics)
 
 
-def _merge_results(output_dir: Path, metrics: dict) -> dict:
-    """all_results.json updated with `metrics`, written and returned."""
+def _merge_results(output_dir: Path, metrics: dict, write: bool = True) -> dict:
+    """all_results.json updated with `metrics`, written (unless `write` is false) and returned."""
     path = output_dir / "all_results.json"
     results = {**(read_json(path) if path.exists() else {}), **metrics}
-    atomic_write_json(path, results)
+    if write:
+        atomic_write_json(path, results)
     return results
 
 
@@ -122,7 +123,10 @@ def results_markdown(results: dict, env: dict) -> str:
             ("MFU (model FLOPs / device peak)", fmt("train_mfu", "", 3)),
             ("peak GPU memory (allocated)", fmt("train_peak_memory_gib", " GiB", 2)),
             ("peak host memory (process RSS)", fmt("train_peak_rss_gib", " GiB", 2)),
-            ("epochs", fmt("epoch")), ("final training loss", fmt("train_loss", "", 4))]
+            ("epochs trained", fmt("epoch")),
+            (f"training loss, mean of steps {results.get('train_loss_steps', 'trained')}", fmt("train_loss", "", 4)),
+            (f"training loss, last logged (mean of steps {results.get('train_loss_last_logged_steps')})",
+             fmt("train_loss_last_logged", "", 4))]
     if cfg.get("do_eval"):
         rows += [("evaluation data", _data_source(cfg, "validation")),
                  ("evaluation questions", fmt("eval_examples", "", 0)), ("eval exact match", fmt("eval_exact_match")),
@@ -146,6 +150,18 @@ def results_markdown(results: dict, env: dict) -> str:
     lines += ["", "Every figure above is in `all_results.json`; the full configuration and versions are in "
               "`environment.json`.", ""]
     return "\n".join(lines)
+
+
+def loss_figures(log_history: list, first_step: int, last_step: int) -> dict:
+    """The steps the Trainer's train_loss averages (those this process trained: a resumed run's start after its
+    checkpoint), and the last logged loss, the mean of the steps since the entry before it: where the training ended."""
+    figures = {"train_loss_steps": f"{first_step + 1}-{last_step}"}
+    logged = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry]
+    if logged:
+        since = max([first_step] + [step for step, _ in logged[:-1]])
+        step, loss = logged[-1]
+        figures.update(train_loss_last_logged=loss, train_loss_last_logged_steps=f"{since + 1}-{step}")
+    return figures
 
 
 def generated_data_files(cfg: dict) -> dict:
@@ -212,11 +228,13 @@ def communication_rows(results: dict, fmt) -> list:
 def finish_run(output_dir, wall_clock_seconds: float, env: dict, extra=None) -> dict:
     """all_results.json completed with the wall clock and `extra` (known only at the end), and results.md."""
     output_dir = Path(output_dir)
-    results = _merge_results(output_dir, {**(extra or {}), "WALL_CLOCK_SECONDS": round(wall_clock_seconds, 3)})
+    results = _merge_results(output_dir, {**(extra or {}), "WALL_CLOCK_SECONDS": round(wall_clock_seconds, 3)}, False)
     write_generated_data(output_dir, env["config"])
     atomic_write_text(output_dir / "results.md", results_markdown(results, env))
     if env["config"].get("do_train"):  # a trained model: how to use it, beside it
         write_model_card(output_dir, results, env, device_name(env))
+    # Last: its WALL_CLOCK_SECONDS says that the run ended; stopped before (a full disk), the rerun evaluates again
+    atomic_write_json(output_dir / "all_results.json", results)
     return results
 
 

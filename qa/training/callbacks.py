@@ -1,10 +1,14 @@
 """The callbacks a run adds to the Trainer, built from its settings (qa.arguments.RunArguments) and
 installed in one place. Each keeps its own clock; the one order that matters is said where it is."""
 import os
+import threading
+
+from transformers.integrations import TensorBoardCallback
 
 from qa.console import log_lines_callback, replace_log_printer
 from qa.distributed import DDPCompressionHook, set_fsdp_reduce_dtype
 from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
+from qa.io import disk_full, writing
 from qa.training.compile import CompileWarmupCallback
 from qa.training.preemption import CheckpointOnSignalCallback
 from qa.training.profiling import ProfilerCallback
@@ -44,6 +48,8 @@ def install(trainer, callbacks, run_args) -> None:
         set_fsdp_reduce_dtype(plugin, run_args.fsdp_reduce_dtype)
     if run_args.log_lines:
         replace_log_printer(trainer, log_lines_callback(trainer.args))
+    if trainer.pop_callback(TensorBoardCallback) is not None:  # the Trainer's, for report_to tensorboard
+        trainer.add_callback(TensorBoardEvents())
     for callback in callbacks:
         if hasattr(callback, "bind"):
             callback.bind(trainer)
@@ -56,3 +62,36 @@ def summary(callbacks) -> dict:
     for callback in callbacks:
         out.update(getattr(callback, "summary", dict)())
     return out
+
+
+class TensorBoardEvents(TensorBoardCallback):
+    """The Trainer's TensorBoard callback, whose writes into a full disk end the run with one line (qa.io.writing), as
+    every record's do: the events are the run's curves (tools/plot_tb.py draws them), and the next checkpoint would
+    fail on the same disk anyway, after more training lost."""
+
+    def __init__(self):
+        super().__init__()
+        if threading.excepthook is not _said_by_the_next_write:
+            _said_by_the_next_write.previous, threading.excepthook = threading.excepthook, _said_by_the_next_write
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        with self._writing(args):
+            super().on_train_begin(args, state, control, **kwargs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        with self._writing(args):
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        with self._writing(args):
+            super().on_train_end(args, state, control, **kwargs)
+
+    def _writing(self, args):
+        return writing(self.logging_dir or args.output_dir, "TensorBoard events")
+
+
+def _said_by_the_next_write(hook_args):
+    # tensorboard's writer thread keeps its error for the next write on the main thread, which says it in one line:
+    # its own traceback would be a second report
+    if not (type(hook_args.thread).__module__.startswith("tensorboard.") and disk_full(hook_args.exc_value)):
+        _said_by_the_next_write.previous(hook_args)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from qa.distributed import on_main_rank
 from qa.errors import InputError
-from qa.io import atomic_write_json, give_new_file_modes, read_json
+from qa.io import atomic_write_json, give_new_file_modes, read_json, replacing, writing
 from qa.manifest import check_files, record_files
 from qa.training.runlock import LOCK_NAME
 
@@ -25,6 +25,7 @@ COMPLETE_MARKER = "checkpoint_complete.json"
 MEANING = ("model", "global batch", "max_seq_length", "doc_stride", "training data")  # another value is refused
 MAY_CHANGE = ("per-device batch", "num_train_epochs", "max_steps")
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng_state", COMPLETE_MARKER)  # what a model folder leaves out
 _ASIDE = re.compile(r"^(previous|incomplete|damaged)-\d{8}-\d{6}$")  # what _move_aside makes
 
 
@@ -83,15 +84,16 @@ def finished_run_error(output_dir, done, why: str, longer: str = "") -> InputErr
     """The refusal of a run that would overwrite the finished run `done` ((step, epoch)) of output_dir."""
     step, epoch = done
     return InputError(str(output_dir), f"holds a finished run (trained to step {step}, epoch {epoch:g}); {why}",
-                      f"{longer}to train afresh, --resume never (moves that run to previous-<time>/ there) or another "
-                      f"--output_dir; to evaluate it again, --model_name_or_path {output_dir} --do_eval with another "
-                      "--output_dir")
+                      f"{longer}--resume never moves it to previous-<time>/ and starts afresh; to evaluate it, "
+                      f"--model_name_or_path {output_dir} --do_eval, another --output_dir")
 
 
-def _check_resume(checkpoint, run: dict, finished=None) -> None:
+def _check_resume(checkpoint, run: dict, finished=None) -> bool:
     """Before anything is written: InputError when resuming `checkpoint` with the record `run` would change what its
     steps mean, or would train no further than it or than the finished run of its folder (`finished`: its progress);
-    one line for each change that stays allowed (another split of the same global batch, a longer training)."""
+    one line for each change that stays allowed (another split of the same global batch, a longer training). False
+    when this run ends where the checkpoint is and its folder has no finished training: the training ended there and
+    its model never reached output_dir (a full disk or a kill while it was saved)."""
     checkpoint = Path(checkpoint)
     recorded = _json(checkpoint / COMPLETE_MARKER).get("run") or {}
     changed = "; ".join(f"{what} {was} (this run: {now})" for what, was, now in _changes(recorded, run, MEANING))
@@ -105,12 +107,14 @@ def _check_resume(checkpoint, run: dict, finished=None) -> None:
     if _trains_further(run, done):
         for what, was, now in _changes(recorded, run, MAY_CHANGE):
             logger.warning("resuming %s with %s %s (it was written with %s)", checkpoint.name, what, now, was)
-        return
+        return True
+    if finished is None:
+        return False
     end = (f"--max_steps {run['max_steps']}" if run["max_steps"] > 0
            else f"--num_train_epochs {run['num_train_epochs']:g}")
-    longer = f"to train longer, raise --num_train_epochs above {epoch:g} (or --max_steps above {step}); "
+    longer = f"{end.split()[0]} above {step if run['max_steps'] > 0 else format(epoch, 'g')} trains longer; "
     if done == finished:
-        raise finished_run_error(checkpoint.parent, done, f"this run ({end}) would train no further", longer)
+        raise finished_run_error(checkpoint.parent, done, f"{end} trains no further", longer)
     raise InputError(str(checkpoint), f"is at step {step}, epoch {epoch:g}, where this run ({end}) ends: it would "
                      "train nothing", longer + "to train afresh, --resume never or another --output_dir")
 
@@ -145,16 +149,18 @@ class Checkpoints:
         opened.trained_here = opened.resume_from is not None and Path(opened.resume_from) == Path(opened.output_dir)
         return opened
 
-    def choose(self, resume: str):
+    def choose(self, resume: str, move: bool = True):
         """The checkpoint to resume from, None for a fresh start; the main rank's alone (it moves folders). 'never':
         none, the earlier run moved aside whole. 'auto': the newest complete checkpoint whose files verify (torn and
         damaged newer ones moved aside; only damaged ones: InputError). Else the given folder, which must verify. It
         must fit this run (_check_resume), and no run may overwrite a finished run of output_dir: all checked before
-        moving. output_dir itself when its training ended but its run did not, and this run trains no further."""
+        moving. output_dir itself when its training ended but its run did not, and this run trains no further.
+        `move` False (the check job, qa/check.py): the same answer and refusals, nothing moved or copied."""
         output_dir, run = self.output_dir, self.run
         if resume == "never":
-            earlier = [p for p in Path(output_dir).iterdir() if p.name != LOCK_NAME and not _ASIDE.match(p.name)]
-            _move_aside(output_dir, earlier, "previous")
+            if move:
+                _move_aside(output_dir, [p for p in Path(output_dir).iterdir()
+                                         if p.name != LOCK_NAME and not _ASIDE.match(p.name)], "previous")
             return None
         finished = progress(output_dir)
         if run is None:
@@ -176,8 +182,9 @@ class Checkpoints:
                 raise InputError(resume, f"damaged checkpoint: {problem}",
                                  "pass --resume auto (the newest checkpoint that verifies), another checkpoint-N "
                                  "folder, or --resume never to start afresh")
-            _check_resume(resume, run, finished)
-            return resume
+            if _check_resume(resume, run, finished):
+                return resume
+            return self._trained_in(Path(resume)) if move else str(output_dir)
         found = [path for _, path in checkpoints(output_dir)]
         complete = [p for p in found if (p / COMPLETE_MARKER).is_file()]
         damaged, chosen = [], None
@@ -188,23 +195,39 @@ class Checkpoints:
                 break
             damaged.append((path, problem))
         if damaged and chosen is None:
-            listed = "; ".join(f"{path.name}: {problem}" for path, problem in damaged)
+            more = f"; {len(damaged) - 1} more damaged" if len(damaged) > 1 else ""  # the newest: the line stays short
+            listed = f"{damaged[0][0].name}: {damaged[0][1]}{more}"
             raise InputError(str(output_dir), f"none of its {len(damaged)} complete checkpoint(s) can be resumed "
                              f"({listed})", "pass --resume never to start afresh (the checkpoints are moved to "
                              "previous-<time>/), or restore the damaged files")
-        if chosen is not None:
-            _check_resume(chosen, run, finished)
-        elif finished:
+        ended = chosen is not None and not _check_resume(chosen, run, finished)
+        if chosen is None and finished:
             raise finished_run_error(output_dir, finished, "without a checkpoint to continue from, this run would "
                                      "start afresh over it")
+        if not move:
+            return str(output_dir) if ended else chosen and str(chosen)
         _move_aside(output_dir, [p for p in found if p not in complete], "incomplete")
         aside = _move_aside(output_dir, [path for path, _ in damaged], "damaged", log=False)
         for path, problem in damaged:
             logger.warning("%s is damaged (%s): moved to %s; resuming from %s", path.name, problem, aside, chosen.name)
+        if ended:
+            return self._trained_in(chosen)
         if chosen is not None:
             logger.info("resuming from %s", chosen)
             return str(chosen)
         return None
+
+    def _trained_in(self, checkpoint: Path) -> str:
+        """output_dir, given the model and trainer_state.json (last: the training ended) of `checkpoint`, where the
+        training ended; the run evaluates it as one stopped in its final evaluation."""
+        names = [p.name for p in checkpoint.iterdir() if p.is_file() and not p.name.startswith(TRAINING_ONLY)]
+        for name in sorted(names, key=lambda name: name == "trainer_state.json"):
+            with replacing(Path(self.output_dir) / name) as tmp:
+                shutil.copyfile(checkpoint / name, tmp)
+        logger.warning("%s: the training ended in %s but its model was not saved (a full disk, or stopped while "
+                       "saving): evaluating the model of %s; that training's figures (train_results.json) are lost",
+                       self.output_dir, checkpoint.name, checkpoint.name)
+        return str(self.output_dir)
 
     def mark(self, folder, global_step: int) -> None:
         """Marks `folder` complete: its files' sizes and hashes (FSDP shards in subfolders too), what its steps mean."""
@@ -214,13 +237,22 @@ class Checkpoints:
 
     @contextlib.contextmanager
     def saving(self, folder, global_step: int, writer: bool):
-        """Around a checkpoint's save by every rank: incomplete while written, then marked complete by the `writer`."""
-        if writer:
-            (Path(folder) / COMPLETE_MARKER).unlink(missing_ok=True)
-        yield
-        if writer:
-            give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
-            self.mark(folder, global_step)
+        """Around a checkpoint's save by every rank: incomplete while written, then marked complete by the `writer`.
+        A full disk ends the run with one line; the writer removes the torn folder (the space it took, for the rerun)."""
+        folder = Path(folder)
+        with writing(folder.parent, folder.name, self.rerun(folder),
+                     undo=lambda: writer and shutil.rmtree(folder, ignore_errors=True)):
+            if writer:
+                (folder / COMPLETE_MARKER).unlink(missing_ok=True)
+            yield
+            if writer:
+                give_new_file_modes(folder)  # safetensors writes weights 0600 whatever the umask
+                self.mark(folder, global_step)
+
+    def rerun(self, saving=None) -> str:
+        """What the same command does next, in words: it goes on from the newest complete checkpoint (not `saving`)."""
+        done = [p.name for _, p in checkpoints(self.output_dir) if p != saving and (p / COMPLETE_MARKER).is_file()]
+        return f"the rerun goes on from {done[-1]}" if done else "the rerun starts afresh"
 
     @staticmethod
     def verify(folder):

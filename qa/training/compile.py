@@ -19,7 +19,7 @@ from transformers.masking_utils import sdpa_mask
 from qa.data.collate import feature_lengths
 from qa.errors import InputError
 from qa.evaluation.time_to_accuracy import rng_kept
-from qa.io import atomic_write_json, read_json
+from qa.io import DISK_FULL, DiskFull, atomic_write_json, disk_full, read_json, refuses_writes
 from qa.manifest import check_files, record_files
 
 logger = logging.getLogger(__name__)
@@ -37,10 +37,13 @@ def configure_compile(model_args, features_cache) -> None:
     shared file system, where the next job, on any node, finds them (torch's default, /tmp, is per node and wiped).
     torch writes each entry atomically; a file damaged since is removed first (drop_damaged), for torch to rebuild."""
     cache = Path(model_args.compile_cache_dir or Path(features_cache) / "torch_compile").expanduser().resolve()
-    os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TRITON_CACHE_DIR"] = str(cache), str(cache / "triton")
-    if cache.is_relative_to(tempfile.gettempdir()):
+    if code := refuses_writes(cache):  # a cache is an optimisation: compiled without it, in torch's per-node default
+        logger.warning("compile cache %s: %s: this run compiles without it", cache, DISK_FULL[code])
+        cache = Path(tempfile.mkdtemp(prefix="torchinductor-"))
+    elif cache.is_relative_to(tempfile.gettempdir()):
         logger.warning("the compile cache %s is under %s: a job on another node will compile again (set "
                        "--compile_cache_dir or HF_HOME to a shared file system)", cache, tempfile.gettempdir())
+    os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TRITON_CACHE_DIR"] = str(cache), str(cache / "triton")
     if int(os.environ.get("LOCAL_RANK") or 0) == 0:  # once per node: all ranks meet at a collective before compiling
         drop_damaged(cache)
     # Python floats of the model (dropout rates, scales) as constants from the start: traced as symbols, they are
@@ -81,8 +84,11 @@ def record_compile_cache() -> None:
     at the start is not hashed again; files that went are forgotten."""
     cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     files = record_files(cache, skip=(CACHE_RECORD,), verified=_recorded(cache))
-    atomic_write_json(cache / CACHE_RECORD, {name: entry for name, entry in files.items()
-                                             if not name.startswith("locks/")})  # torch's lock files: rewritten
+    try:
+        atomic_write_json(cache / CACHE_RECORD, {name: entry for name, entry in files.items()
+                                                 if not name.startswith("locks/")})  # torch's lock files: rewritten
+    except DiskFull as err:  # the cache as it was: the next job uses it, checked against the record it had
+        logger.warning("compile cache %s: %s: what this run added is not recorded", cache, DISK_FULL[err.code])
 
 
 def _recorded(cache: Path) -> dict:
@@ -120,6 +126,8 @@ class _CompileFailures(logging.Filter):
             error = record.exc_info[1]
             error = getattr(error, "inner_exception", None) or error  # the backend's own error (inductor's)
             self.reason = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"[:300]
+            if code := disk_full(error):  # where it compiles: its cache (configure_compile)
+                self.reason = f"{DISK_FULL[code]} in the compile cache {os.environ.get('TORCHINDUCTOR_CACHE_DIR')}"
             logger.warning("torch.compile failed (%s): the code it was compiling runs eagerly, the run goes on",
                            self.reason)
         return False

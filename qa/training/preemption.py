@@ -1,15 +1,18 @@
-"""Checkpoint on SIGTERM (SLURM's time limit or preemption; jobs/launch.sh forwards it), every rank stopping at the same
-step; run_qa.py then exits with EXIT_INTERRUPTED (qa/errors.py), and a rerun (`--resume auto`) continues from it."""
+"""Checkpoint on SIGTERM (SLURM's time limit or preemption; jobs/launch.sh forwards it) or Ctrl-C (SIGINT), every rank
+stopping at the same step; run_qa.py then exits with EXIT_INTERRUPTED or EXIT_CTRL_C (qa/errors.py), and a rerun
+(`--resume auto`) continues from it. A second Ctrl-C stops at once (KeyboardInterrupt: one line, qa.errors.command)."""
 import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 
 import torch
 from transformers import TrainerCallback
 
 from qa.distributed import distributed
+from qa.errors import EXIT_CTRL_C, EXIT_INTERRUPTED
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +29,12 @@ def interrupted_by_sigterm():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    pid = os.getpid()
+    pid, fired = os.getpid(), []
 
     def handler(signum, frame):
         if os.getpid() == pid:
+            fired.append(signum)
+            raise_again_if_lost(signum)
             raise Interrupted()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -37,23 +42,42 @@ def interrupted_by_sigterm():
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # ending on it: a later SIGTERM (torchrun passes SLURM's on) must not cut the last lines
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if fired else previous)
+
+
+def raise_again_if_lost(signum) -> None:
+    """A signal handler's exception raised where Python ignores exceptions (in a weakref callback: seen often under
+    torch) is lost, with a traceback; so it is not shown, and the signal comes again a second later, which the process
+    ignores by then if the exception went through (it is ending)."""
+    if sys.unraisablehook is not _lost:
+        _lost.hook, sys.unraisablehook = sys.unraisablehook, _lost
+    again = threading.Timer(1, os.kill, (os.getpid(), signum))
+    again.daemon = True
+    again.start()
+
+
+def _lost(unraisable):
+    if not isinstance(unraisable.exc_value, (Interrupted, KeyboardInterrupt)):
+        _lost.hook(unraisable)
 
 
 class CheckpointOnSignalCallback(TrainerCallback):
-    """On SIGTERM: finish the optimizer step under way, save a checkpoint, stop training. A rank that stopped
+    """On SIGTERM or Ctrl-C: finish the optimizer step under way, save a checkpoint, stop training. A rank that stopped
     alone would leave the others waiting in a collective, so the ranks agree: every `check_steps` steps each starts
     an all-reduce (MAX) of its flag without waiting, and reads it at the end of the next step, long since arrived
     (reading at once would stall the device's stream). All stop at most check_steps + 1 steps after the signal; one
     process checks at every step. Unlike transformers' `enable_jit_checkpoint` (each rank alone, at any step, and
-    train() returns as if finished), this is safe under DDP/FSDP and says training did not finish."""
+    train() returns as if finished), this is safe under DDP/FSDP and says training did not finish. After a Ctrl-C, the
+    next SIGINT or SIGTERM stops at once: torchrun, whose workers run in sessions of their own, passes the first Ctrl-C
+    on as SIGINT and a second as SIGTERM (torch 2.13); srun --pty passes each on as SIGINT."""
 
-    signals = (signal.SIGTERM,)
+    signals = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, check_steps: int = 10):
         self.check_steps = max(int(check_steps), 1)
-        self.received = None      # the signal this rank got, if any
+        self.received = None      # the signal this rank got first, if any
+        self.ctrl_c = False       # a Ctrl-C came: the next signal stops at once
         self.stopped_at = None    # global step at which training stopped on a signal
         self.agreements = 0       # all-reduces started (what the agreement cost)
         self._pending = None      # an agreement under way: (work, value to read, device event)
@@ -61,11 +85,23 @@ class CheckpointOnSignalCallback(TrainerCallback):
         self._previous = {}
 
     def _handler(self, signum, frame):
-        self.received = signum    # a flag only: the training loop acts on it at a step's end
+        if os.getpid() != self._pid:
+            return  # a DataLoader worker, forked with this handler: the run ends it
+        if self.ctrl_c:
+            raise_again_if_lost(signum)
+            raise KeyboardInterrupt
+        self.ctrl_c = signum == signal.SIGINT
+        if self.ctrl_c and os.environ.get("RANK", "0") == "0":  # os.write: a print could re-enter the one it cut short
+            os.write(2, b"Ctrl-C: stopping with a checkpoint at a step's end; Ctrl-C again stops at once, unsaved\n")
+        self.received = self.received or signum  # a flag only: the training loop acts on it at a step's end
+
+    def stopped_by(self) -> tuple:
+        """(what, exit status): this rank's first signal; none here (another rank's) counts as SIGTERM, a job's."""
+        return ("Ctrl-C", EXIT_CTRL_C) if self.received == signal.SIGINT else ("SIGTERM", EXIT_INTERRUPTED)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.received = self.stopped_at = self._pending = None
-        self.agreements = 0
+        self.agreements, self.ctrl_c, self._pid = 0, False, os.getpid()
         if threading.current_thread() is not threading.main_thread():
             logger.warning("checkpoint on SIGTERM: not in the main thread, no signal handler installed")
             return
@@ -73,7 +109,8 @@ class CheckpointOnSignalCallback(TrainerCallback):
             logger.warning("checkpoint on SIGTERM: replacing transformers' enable_jit_checkpoint handler "
                            "(its ranks checkpoint independently, which can hang DDP/FSDP)")
         for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handler)
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored from the start (a background job): stays so
+                self._previous[sig] = signal.signal(sig, self._handler)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # One line per rank (warning: the level other ranks log at), so a job log shows who joined.
             logger.warning("rank %d of %d (%s backend) on %s, pid %d: training from step %d; SIGTERM saves a "

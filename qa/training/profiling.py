@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from qa.io import atomic_write_json, atomic_write_text
+from qa.io import atomic_write_json, atomic_write_text, replacing
 from qa.training.telemetry import max_rss_gib
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,8 @@ class ProfilerCallback(TrainerCallback):
                   f"{'CPU + CUDA' if self._cuda else 'CPU only'}; sorted by {device_sort}\n\n")
         atomic_write_text(self.dir / files["operators"],
                           header + averages.table(sort_by=device_sort, row_limit=self.row_limit) + "\n")
-        prof.export_chrome_trace(str(self.dir / files["trace"]))
+        with replacing(self.dir / files["trace"]) as tmp:
+            prof.export_chrome_trace(tmp)
 
         mem_sort = "self_device_memory_usage" if self._cuda else "self_cpu_memory_usage"
         lines = [f"Memory of training steps {steps}", "", f"process peak RSS (host memory): {max_rss_gib():.3f} GiB",

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from qa.errors import InputError
+from qa.io import writing
 
 logger = logging.getLogger(__name__)
 LOCK_NAME = "run.lock"
@@ -55,16 +56,20 @@ class RunLock:
         self.path = os.path.join(self.output_dir, LOCK_NAME)
         self._text = None  # what this run writes into the lock
         self._stop = threading.Event()
+        self._made = False  # this run created the lock file
 
     def acquire(self) -> None:
         folder = Path(os.path.abspath(self.output_dir))
         self._created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-        folder.mkdir(parents=True, exist_ok=True)
         me = this_run()
         self._text = json.dumps(me)
         while True:
-            with contextlib.suppress(FileExistsError), open(self.path, "x") as f:  # only if there is none: atomic
-                f.write(self._text)
+            # A lock cut short by a full disk would hold the folder for STALE_AFTER_SECONDS: it goes, with its folders
+            with contextlib.suppress(FileExistsError), writing(self.output_dir, LOCK_NAME, undo=self._undo):
+                folder.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "x") as f:  # only if there is none: atomic
+                    self._made = True
+                    f.write(self._text)
                 break
             seen, holder, age = self._read()  # so the folder existed: nothing to remove on refusal
             if seen is None:  # given back meanwhile
@@ -93,6 +98,13 @@ class RunLock:
             with contextlib.suppress(OSError):  # stops at a folder that is not empty: a run that wrote there keeps it
                 for folder in self._created:
                     folder.rmdir()
+
+    def _undo(self) -> None:
+        if self._made:
+            os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            for folder in self._created:
+                folder.rmdir()
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
