@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -338,7 +339,7 @@ case $id in
 esac
 """)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setattr(report.shutil, "which", lambda cmd: str(bin_dir / cmd) if cmd == "scontrol" else None)
+    monkeypatch.setattr(shutil, "which", lambda cmd: str(bin_dir / cmd) if cmd == "scontrol" else None)
     out = tmp_path / "out"
     assert report.main([str(study), "--out", str(out)]) == 0
     problems = problem_rows((out / report.REPORT).read_text())
@@ -354,7 +355,7 @@ esac
 def test_unreachable_slurm_asked_once(study, tmp_path, monkeypatch):
     bin_dir = _fake_scontrol(tmp_path / "bin", 'echo "slurm_load_jobs error: Unable to contact slurm controller '
                                                '(connect failure)" >&2; exit 1\n')
-    monkeypatch.setattr(report.shutil, "which", lambda cmd: str(bin_dir / cmd) if cmd == "scontrol" else None)
+    monkeypatch.setattr(shutil, "which", lambda cmd: str(bin_dir / cmd) if cmd == "scontrol" else None)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     out = tmp_path / "out"
     assert report.main([str(study), "--out", str(out)]) == 0

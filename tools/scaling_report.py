@@ -33,10 +33,7 @@ usable results.
 """
 import argparse
 import os
-import re
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -47,12 +44,9 @@ from qa.errors import InputError, command
 from qa.io import atomic_write_json, atomic_write_text, read_json, read_json_lines
 from scaling.baseline import as_number, baseline_from_records
 from scaling.model import FT3_INTER_BUSBW, FT3_INTRA_BUSBW, Settings, WhatIf, predict, ring_busbw
+from studies.runs import ACTIVE, Slurm, last_error as _last_error
 
 REPORT, PLOT, SUMMARY = "scaling_report.md", "scaling_speedup.png", "scaling_summary.json"
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-          "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"}
-# "Key=Value" pairs of `scontrol -o`; values may hold '=' (TRES=cpu=1,...) or spaces.
-_KV = re.compile(r"(?:^|\s)([A-Za-z][\w:/.]*)=(.*?)(?=\s[A-Za-z][\w:/.]*=|$)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,20 +124,6 @@ def read_run(study: Path, entry: dict) -> dict:
     return run
 
 
-def _last_error(folder: Path, job_id) -> str:
-    """'; <log>: <its last line>' from the job's stderr (else stdout) log, or ''."""
-    for ext in ("err", "out"):
-        for log in sorted(folder.glob(f"slurm-{job_id or '*'}.{ext}"), reverse=True):
-            try:
-                lines = [x.strip() for x in log.read_text(errors="replace")[-20000:].splitlines() if x.strip()]
-            except OSError:
-                continue
-            if lines:
-                last = lines[-1] if len(lines[-1]) <= 200 else lines[-1][:197] + "..."
-                return f"; last line of {log.name}: `{last.replace('`', chr(39))}`"
-    return ""
-
-
 def _job_parts(path: Path) -> list:
     try:
         return read_json_lines(path)
@@ -173,44 +153,6 @@ def mismatch(run):
         return (f"resumed after {slurm['SLURM_RESTART_COUNT']} requeue(s): train_runtime covers the "
                 "last part only")
     return None
-
-
-def parse_kv(line: str) -> dict:
-    return {k: v for k, v in _KV.findall(line.strip())}
-
-
-class Slurm:
-    """Job states from scontrol (sacct for jobs slurmctld has purged); None when unknown.
-    Stops asking after the first sign that no controller answers."""
-
-    def __init__(self, enabled: bool):
-        self.reachable = bool(enabled and shutil.which("scontrol"))
-        self.asked = False
-
-    def _run(self, *cmd):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    def state(self, job_id):
-        if not self.reachable or not job_id:
-            return None
-        self.asked = True
-        r = self._run("scontrol", "show", "job", "-o", str(job_id))
-        if r is not None and r.returncode == 0 and r.stdout.strip():
-            info = parse_kv(r.stdout.splitlines()[0])
-            if "JobState" in info:
-                return info
-        if r is None or "invalid job id" not in (r.stderr or "").lower():
-            self.reachable = False   # no controller: do not wait on it for every run
-            return None
-        if shutil.which("sacct"):   # purged from slurmctld (MinJobAge): ask accounting
-            r = self._run("sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "State,ExitCode,Reason")
-            if r is not None and r.returncode == 0 and r.stdout.strip():
-                state, code, reason = (r.stdout.splitlines()[0].split("|") + ["", ""])[:3]
-                return {"JobState": state.split()[0], "ExitCode": code, "Reason": reason}
-        return None
 
 
 def classify(run: dict, slurm: Slurm) -> None:
