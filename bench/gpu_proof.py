@@ -301,7 +301,8 @@ def estimate(piece, mode, results: Path, ran: dict) -> float:
     earlier = read_json(results / f"{piece}.json") if (results / f"{piece}.json").exists() else {}
     if earlier.get("status") == "ok":
         return earlier["wall_s"]
-    scale = [r["wall_s"] / ESTIMATES[mode][p] for p, r in ran.items() if r.get("status") == "ok"]
+    expected = {p: r.get("estimate_s") or ESTIMATES[mode].get(p) for p, r in ran.items()}
+    scale = [r["wall_s"] / expected[p] for p, r in ran.items() if r.get("status") == "ok" and expected[p]]
     guess = ESTIMATES[mode][piece] * (statistics.median(scale) if scale else 1.0)
     if earlier.get("status") == "stopped at the deadline":  # it needed more than it had then
         guess = max(guess, 1.5 * earlier["wall_s"])
@@ -470,7 +471,7 @@ def run(args) -> int:
         entry = {"status": "stopped at the deadline" if code is None else None, "exit_status": code,
                  "command": shlex.join(argv).replace(str(work), "$WORK").replace(str(REPO) + "/", ""),
                  "started_utc": datetime.fromtimestamp(began, timezone.utc).isoformat(timespec="seconds"),
-                 "wall_s": round(time.time() - began, 1), **provenance(mode),
+                 "wall_s": round(time.time() - began, 1), "estimate_s": round(need, 1), **provenance(mode),
                  **({"attempts_run": plan} if piece == "attempts" else
                     {"recipe_hash": recipe_hash(piece)} if piece in PIECES else {})}
         if piece == "preflight":

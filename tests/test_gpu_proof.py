@@ -194,6 +194,9 @@ def test_estimates_come_from_what_ran():
     ran = {"preflight": {"status": "ok", "wall_s": est["preflight"] / 2}, "bench": {"status": "ok", "wall_s": 2 * est["bench"]}}
     # this call's pieces took 0.5x and 2x their estimates: the median scales the next one
     assert gp.estimate("train", "gpu", nowhere, ran) == pytest.approx(gp.ESTIMATES["gpu"]["train"] * 1.25)
+    # a piece whose estimate came from its plan (attempts) scales by the estimate it ran with
+    ran["attempts"] = {"status": "ok", "wall_s": 650, "estimate_s": 325}
+    assert gp.estimate("train", "gpu", nowhere, ran) == pytest.approx(gp.ESTIMATES["gpu"]["train"] * 2)
 
 
 def test_what_breaks_the_limits_on_what_comes_back(tmp_path):
