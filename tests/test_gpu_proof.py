@@ -16,6 +16,13 @@ needs_dev = pytest.mark.skipif(not DEV_SET.exists(), reason=f"the SQuAD v1.1 dev
 PARITY = "parity-reference-42,parity-fast-42,parity-reference-43,parity-fast-43"
 
 
+def recipe_hash(name):
+    """The proof's recipe hash of a piece or variant, with the scripts it reads the recipes from importable."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(REPO / "bench"))
+        return bench_module("gpu_proof").recipe_hash(name)
+
+
 def proof(*args, env=None, timeout=1200):
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     started = time.monotonic()
@@ -73,7 +80,7 @@ def test_calls_add_up_and_each_comes_back_small(rehearsal):
     for piece in ("bench", "train", "train-warm", "check", "attempts", "variants", *PARITY.split(",")):
         r = json.loads((results / f"{piece}.json").read_text())
         assert r["status"] == "ok" and r["device"] and r["versions"]["torch"] and r["started_utc"] and r["command"]
-        assert piece == "attempts" or r["recipe_hash"] == bench_module("gpu_proof").recipe_hash(piece)
+        assert piece == "attempts" or r["recipe_hash"] == recipe_hash(piece)
     proof_md = (results / "proof.md").read_text()
     assert "not run yet" not in proof_md and "| bench | ok |" in proof_md
 
@@ -90,7 +97,7 @@ def test_every_piece_brings_its_figures(rehearsal):
     assert list(attempts["variants"]) == gp.ATTEMPT_VARIANTS  # every attempt in one call, each against its fast
     for variant, figures in attempts["variants"].items():
         assert figures["compiled"] == "yes" and figures["x_fast"] > 0 and figures["x_reference_bf16"] > 0, variant
-        assert figures["recipe_hash"] == gp.recipe_hash(variant) and figures["call"] in attempts["calls"]
+        assert figures["recipe_hash"] == recipe_hash(variant) and figures["call"] in attempts["calls"]
         assert "device_busy_share" in figures  # None on a CPU: no device activity to profile
     (call, run), = attempts["calls"].items()
     assert set(run["base"]) == {"reference_bf16", "fast"} and not run["failed"]
