@@ -255,7 +255,11 @@ def measured_attempts(record) -> dict:
 def attempts_left(results: Path) -> list:
     """The attempts still to measure with today's recipe, in order."""
     path = results / "attempts.json"
-    have = measured_attempts(read_json(path)) if path.exists() else {}
+    return missing_attempts(read_json(path) if path.exists() else {})
+
+
+def missing_attempts(record) -> list:
+    have = measured_attempts(record)
     return [v for v in ATTEMPT_VARIANTS if have.get(v, {}).get("recipe_hash") != recipe_hash(v)]
 
 
@@ -598,8 +602,7 @@ def merge_attempts(results: Path, entry: dict, call: str) -> dict:
         "base": {v: f for v, f in (found.get("variants") or {}).items() if v in BASE_VARIANTS},
         "failed": found.get("failed"), "peak_tflops": found.get("peak_tflops")}}
     merged = {**entry, "findings": {"variants": variants, "calls": calls}}
-    merged["status"] = "partial" if [v for v in ATTEMPT_VARIANTS if variants.get(v, {}).get("recipe_hash")
-                                     != recipe_hash(v)] else "ok"
+    merged["status"] = "partial" if missing_attempts(merged) else "ok"
     return merged
 
 
