@@ -278,10 +278,10 @@ def test_more_epochs_train_a_finished_run_further(rerun, caplog):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("change, differs", [
-    ("model", "model hidden_size 64 (this run: 32); model intermediate_size 256 (this run: 128)"),
-    (["--per_device_train_batch_size", "8"], "global batch 16 (this run: 8)"),
+    ("model", "model hidden_size 64 (now 32); model intermediate_size 256 (now 128)"),
+    (["--per_device_train_batch_size", "8"], "global batch 16 (now 8)"),
     (["--max_seq_length", "96", "--doc_stride", "24"],
-     "max_seq_length 128 (this run: 96); doc_stride 32 (this run: 24)"),
+     "max_seq_length 128 (now 96); doc_stride 32 (now 24)"),
     (["--synthetic_seed", "7"], "training data 64 questions, content "),
 ], ids=["another model", "another global batch", "other windows", "other training data"])
 def test_a_checkpoint_whose_steps_mean_something_else_is_refused(change, differs, rerun, tmp_path, capsys):
@@ -296,10 +296,10 @@ def test_a_checkpoint_whose_steps_mean_something_else_is_refused(change, differs
     last = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     assert main(*change, "--num_train_epochs", "2") == 2
     err = _errors(capsys)
-    assert len(err) == 1 and err[0].startswith(f"error: {last}: was written by a run whose steps mean something else: "
+    assert len(err) == 1 and err[0].startswith(f"error: {last}: its steps mean something else: "
                                                f"{differs}"), err
-    assert err[0].endswith("Fix: resume it with the settings it was written with, or start afresh: --resume never "
-                           "(moves the earlier run to previous-<time>/) or another --output_dir")
+    assert err[0].endswith("Fix: resume with its own settings, or start afresh: --resume never (moves it to "
+                           "previous-<time>/) or another --output_dir")
     assert _tree(out) == before
 
 

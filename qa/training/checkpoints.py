@@ -96,11 +96,11 @@ def _check_resume(checkpoint, run: dict, finished=None) -> bool:
     its model never reached output_dir (a full disk or a kill while it was saved)."""
     checkpoint = Path(checkpoint)
     recorded = _json(checkpoint / COMPLETE_MARKER).get("run") or {}
-    changed = "; ".join(f"{what} {was} (this run: {now})" for what, was, now in _changes(recorded, run, MEANING))
+    changed = "; ".join(f"{what} {was} (now {now})" for what, was, now in _changes(recorded, run, MEANING))
     if changed:
-        raise InputError(str(checkpoint), f"was written by a run whose steps mean something else: {changed}",
-                         "resume it with the settings it was written with, or start afresh: --resume never (moves the "
-                         "earlier run to previous-<time>/) or another --output_dir")
+        raise InputError(str(checkpoint), f"its steps mean something else: {changed}",
+                         "resume with its own settings, or start afresh: --resume never (moves it to previous-<time>/) "
+                         "or another --output_dir")
     own = progress(checkpoint)
     done = finished if finished and finished[0] > own[0] else own
     step, epoch = done
