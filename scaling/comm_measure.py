@@ -1,6 +1,6 @@
 """The scaling study's measurement of a distributed run's gradient communication, before its
-first training step. Opt-in: `run_qa.py --measure_communication true` (tools/scaling_submit.sh
-passes it) adds `CommunicationMeasurement`, whose record joins train_results.json as comm_*.
+first training step. Opt-in: `run_qa.py --measure_communication true` (the scaling
+study's multi-GPU cells pass it) adds `CommunicationMeasurement`, whose record joins train_results.json as comm_*.
 
 - All-reduce calibration: a buffer as large as the gradients, in the dtype that travels, timed
   after warm-ups (median of repeats, each its slowest rank's time) over the whole group and, when

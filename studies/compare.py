@@ -6,9 +6,10 @@ A folder is a run (it holds all_results.json, environment.json, job_time.jsonl o
 array's output folder, a study's). Runs that differ only in their seed (and where they write) are one recipe. Per
 recipe: runs finished / failed / running, F1 and EM as mean +/- standard deviation (n - 1) with min-max, median
 training time (evaluations during training left out) and wall clock (every part of a requeued job), median
-windows/s, median time to the target F1 where the runs recorded one, the device and world size; with several world
-sizes, the speedup and parallel efficiency against the 1-process recipe and the measured communication (the scaling
-study). Every run that did not finish is listed with its reason, and every cell of a study that never started. Two
+windows/s, median time to the target F1 where the runs recorded one, the device and world size. With several world
+sizes (the scaling study): the global batch, the speedup and parallel efficiency against the 1-process recipe, the
+measured communication, and studies/scaling.py's sections (measured beside predicted, time to target) and speedup
+plot (compare_speedup.png). A resumed run's times cover its last part only: its F1 counts, its times do not. Every run that did not finish is listed with its reason, and every cell of a study that never started. Two
 recipes whose F1 ranges (min-max) overlap are within seed noise. Writes compare.md, compare.csv (a row per run),
 compare.json and compare.png (F1 against wall clock, a dot per run, a colour per recipe) into DIR (default: the
 first folder), each atomically. Exit status 0, or 2 with one line when no folder holds a run."""
@@ -21,10 +22,12 @@ from pathlib import Path
 
 from qa.errors import InputError, command
 from qa.io import atomic_write_json, atomic_write_text, read_json, replacing
+from studies import scaling
 from studies.runs import Slurm, figures, is_run, read_run
 from studies.task import STUDY_RECORD
 
-OUT = {"md": "compare.md", "csv": "compare.csv", "json": "compare.json", "png": "compare.png"}
+OUT = {"md": "compare.md", "csv": "compare.csv", "json": "compare.json", "png": "compare.png",
+       "speedup": "compare_speedup.png"}
 
 
 def find_runs(folder: Path) -> list:
@@ -94,28 +97,38 @@ def recipes(runs) -> list:
     out = []
     for key, members in groups.items():
         done = [m["figures"] for m in members if m["status"] == "finished"]
+        timed = [m["figures"] for m in members if m["status"] == "finished" and not m["resumed"]]
         others = [r for r in runs if r["recipe_key"] != key and r["env"]]
-        first = next((m["figures"] for m in members if m["figures"]), {})
+        first = next((m["figures"] for m in sorted(members, key=lambda m: m["status"] != "finished")
+                      if m["figures"]), {})
         row = {"recipe": _label(members, others), "runs": [m["name"] for m in members],
                **{s: sum(m["status"] == s for m in members) for s in ("finished", "failed", "running")},
-               "world_size": first.get("world_size"), "nodes": first.get("nodes"), "device": first.get("device")}
-        for name in ("f1", "em", "training_s", "wall_s", "windows_per_s", "to_target_s", "busbw_GBps",
-                     "exposed_comm_s"):
+               **{k: first.get(k) for k in ("world_size", "nodes", "device", "strategy", "global_batch")}}
+        for name in ("f1", "em", "wall_s"):
             row[name] = spread(f[name] for f in done)
+        for name in ("training_s", "windows_per_s", "to_target_s", "busbw_GBps", "exposed_comm_s"):
+            row[name] = spread(f[name] for f in timed)  # a resumed run's times cover its last part only
         row["target_f1"] = sorted({f["target_f1"] for f in done if f["target_f1"] is not None})
         out.append(row)
     add_speedups(out)
     return sorted(out, key=lambda r: (r["world_size"] or 0, r["f1"] is None, -(r["f1"] or {}).get("mean", 0)))
 
 
+def baseline(rows):
+    """With several world sizes (the scaling study): the 1-process recipe with the most finished runs."""
+    if len({r["world_size"] for r in rows if r["world_size"]}) > 1:
+        return max((r for r in rows if r["world_size"] == 1 and r["training_s"]), key=lambda r: r["finished"],
+                   default=None)
+    return None
+
+
 def add_speedups(rows) -> None:
-    """With several world sizes (the scaling study): each recipe's median training time against the 1-process one."""
-    base = max((r for r in rows if r["world_size"] == 1 and r["training_s"]), key=lambda r: r["finished"], default=None)
-    scaling = len({r["world_size"] for r in rows if r["world_size"]}) > 1
+    """Each recipe's median training time against the baseline's."""
+    base = baseline(rows)
     for r in rows:
-        r["speedup"] = (base["training_s"]["median"] / r["training_s"]["median"]) if scaling and base and r[
-            "training_s"] else None
+        r["speedup"] = base["training_s"]["median"] / r["training_s"]["median"] if base and r["training_s"] else None
         r["efficiency"] = r["speedup"] / r["world_size"] if r["speedup"] else None
+    scaling.add_target_speedups(rows, base)
 
 
 def noise(rows) -> list:
@@ -146,13 +159,14 @@ def _med(s, digits=1):
     return _f(s and s["median"], digits)
 
 
-def markdown(rows, runs, folders) -> str:
-    scaling = any(r["speedup"] for r in rows)
+def markdown(rows, runs, folders, scaling_lines=()) -> str:
+    several = bool(scaling_lines)
     where = {f"{r['figures']['device']} ({(r['env'].get('devices') or {}).get('cpu_count')} CPU cores) on "
              f"{r['env'].get('host')}, git {str(r['env'].get('git_commit'))[:12]}" for r in runs if r["figures"]}
     head = ["recipe", "finished / failed / running", "F1 mean ± std (min–max)", "EM mean ± std (min–max)",
             "training s (median)", "wall clock s (median)", "windows/s (median)", "time to target F1 s (median)",
-            "device × world size"] + ["speedup", "efficiency", "busbw GB/s", "exposed comm. ms"] * scaling
+            "device × world size"] + ["global batch", "speedup", "efficiency", "busbw GB/s",
+                                      "exposed comm. ms"] * several
     lines = [f"# Runs compared: {', '.join(f'`{f}`' for f in folders)}", "",
              f"{len(runs)} runs in {len(rows)} recipe(s) (runs that differ only in their seed), on "
              + (", ".join(sorted(where)) or "no recorded device") + ".", "",
@@ -163,15 +177,18 @@ def markdown(rows, runs, folders) -> str:
         cells = [r["recipe"], f"{r['finished']} / {r['failed']} / {r['running']}", _ms(r["f1"]), _ms(r["em"]),
                  _med(r["training_s"]), _med(r["wall_s"]), _med(r["windows_per_s"]), target,
                  f"{r['device']} × {r['world_size']}" if r["device"] else "—"]
-        if scaling:
-            cells += [_f(r["speedup"], 2), "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f} %",
-                      _med(r["busbw_GBps"], 2), _f(r["exposed_comm_s"] and r["exposed_comm_s"]["median"] * 1e3)]
+        if several:
+            cells += [str(r["global_batch"] or "—"), _f(r["speedup"], 2),
+                      "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f} %", _med(r["busbw_GBps"], 2), _f(r["exposed_comm_s"] and r["exposed_comm_s"]["median"] * 1e3)]
         lines.append("| " + " | ".join(c.replace("|", "&#124;") for c in cells) + " |")
     lines += ["", "Standard deviation over the finished runs (n - 1); training time leaves the evaluations during "
               "training out; wall clock adds up every part of a requeued job. " + (
                   "Speedup = the 1-process recipe's median training time / the row's; efficiency = speedup / world "
                   "size; busbw and exposed communication: the runs' own measurement (--measure_communication)."
-                  if scaling else ""), "", "## Seed noise", ""]
+                  if several else ""), ""]
+    if several:
+        lines += scaling_lines + [f"![speedup against processes]({OUT['speedup']})", ""]
+    lines += ["## Seed noise", ""]
     lines += noise(rows) or ["Only one recipe has an F1: nothing to compare."]
     unfinished = [r for r in runs if r["status"] != "finished"]
     lines += ["", "## Runs not finished", ""] + ([f"- `{r['folder']}`: **{r['status']}**: {r['reason']}"
@@ -225,8 +242,12 @@ def build(folders, out: Path, use_slurm=True) -> dict:
                 r["recipe"] = row["recipe"]
     plot(runs, rows, out / OUT["png"])
     write_csv(runs, out / OUT["csv"])
-    atomic_write_text(out / OUT["md"], markdown(rows, runs, folders))
-    summary = {"folders": [str(f) for f in folders], "recipes": rows,
+    base = baseline(rows)
+    predicted, notes = scaling.predictions(rows, runs, base) if base else ([], [])
+    if base:
+        scaling.plot(rows, runs, base, out / OUT["speedup"])
+    atomic_write_text(out / OUT["md"], markdown(rows, runs, folders, scaling.markdown(rows, predicted, notes) if base else ()))
+    summary = {"folders": [str(f) for f in folders], "recipes": rows, "predictions": predicted,
                "runs": [{k: r.get(k) for k in ("name", "folder", "status", "reason", "seed", "recipe", "job_id",
                                                 "parts", "figures")} for r in runs]}
     atomic_write_json(out / OUT["json"], summary)

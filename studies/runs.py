@@ -102,7 +102,7 @@ def is_run(folder: Path) -> bool:
 def recipe_key(env: dict) -> str:
     config = {k: v for k, v in (env.get("config") or {}).items() if k not in NOT_RECIPE}
     world = (env.get("distributed") or {}).get("WORLD_SIZE", "1")
-    return repr(sorted(config.items(), key=str)) + f"|world {world}"
+    return repr(sorted(config.items(), key=str)) + f"|world {world}|nodes {(env.get('slurm') or {}).get('SLURM_NNODES', 1)}"
 
 
 def read_run(folder: Path, slurm: Slurm) -> dict:
@@ -119,10 +119,16 @@ def read_run(folder: Path, slurm: Slurm) -> dict:
     run = {"folder": str(folder), "name": folder.name, "env": env, "results": results, "task": task,
            "job_id": job_id, "parts": len(mine), "recipe_key": recipe_key(env) if env else None,
            "seed": (env.get("config") or {}).get("seed", task.get("seed")), "reason": ""}
-    if as_number(results.get("WALL_CLOCK_SECONDS")) is not None:  # finish_run writes it last
+    run["resumed"] = len(mine) > 1
+    world = int((env.get("distributed") or {}).get("WORLD_SIZE") or 1)
+    asked = task["nodes"] * task["gpus_per_node"] if "nodes" in task else world  # a study's cell has a shape
+    if as_number(results.get("WALL_CLOCK_SECONDS")) is not None and env and world != asked:
+        run["status"], run["recipe_key"] = "failed", None  # it joins its cell's recipe
+        run["reason"] = f"ran with world size {world}, its cell asks for {asked}: not counted"
+    elif as_number(results.get("WALL_CLOCK_SECONDS")) is not None:  # finish_run writes it last
         run["status"] = "finished"
-        if len(mine) > 1:
-            run["reason"] = f"resumed: ran in {len(mine)} parts; its training time covers the last one only"
+        if run["resumed"]:
+            run["reason"] = f"resumed: ran in {len(mine)} parts; its times cover the last one only (not counted)"
     elif mine and mine[-1].get("outcome") not in ("requeued", "completed"):
         last = mine[-1]
         run["status"] = "failed"
@@ -144,12 +150,16 @@ def figures(run: dict) -> dict:
                if str(p.get("job_id")) == str(run["job_id"]))
     devices = env.get("devices") or {}
     gpus = devices.get("gpus") or []
+    config = env.get("config") or {}
+    world = int((env.get("distributed") or {}).get("WORLD_SIZE", 1))
+    per_device = as_number(config.get("per_device_train_batch_size"))
     return {"f1": as_number(number("eval_f1")), "em": as_number(number("eval_exact_match")),
             "training_s": training if training is not None else as_number(number("train_runtime")),
             "wall_s": wall or as_number(number("WALL_CLOCK_SECONDS")),
             "windows_per_s": as_number(number("train_samples_per_second")),
             "target_f1": as_number(number("target_f1")), "to_target_s": as_number(number("train_seconds_to_target_f1")),
-            "world_size": int((env.get("distributed") or {}).get("WORLD_SIZE", 1)),
+            "world_size": world, "strategy": run["task"].get("strategy") or ("fsdp" if config.get("fsdp") else "ddp"),
+            "global_batch": per_device and int(per_device * world * (config.get("gradient_accumulation_steps") or 1)),
             "nodes": int((env.get("slurm") or {}).get("SLURM_NNODES", 1)),
             "device": f"{gpus[0].get('name')}" if gpus else "CPU",
             "busbw_GBps": as_number(number("comm_allreduce_busbw_GBps")),

@@ -439,7 +439,7 @@ def test_one_error_type_for_every_command(capsys):
     import utils_qa
 
     mains = [run_qa.main, utils_qa.main, arguments.main]
-    for tool in ("prefetch", "scaling_report", "scaling_predict", "plot_tb"):
+    for tool in ("prefetch", "scaling_predict", "plot_tb"):
         spec = importlib.util.spec_from_file_location(tool, REPO / "tools" / f"{tool}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

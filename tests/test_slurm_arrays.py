@@ -133,3 +133,40 @@ def test_a_study_of_two_recipes_and_a_refused_task(slurm_cluster, env_file, tmp_
     assert lrs == {1e-3, 3e-3}
     text = (tmp_path / "compare.md").read_text()
     assert "## Seed noise" in text and "task1-seed43`: **failed**: refused" in text
+
+
+@pytest.mark.slow  # a real local SLURM cluster
+def test_a_scaling_study_of_two_shapes(slurm_cluster, env_file, tmp_path):
+    """The scaling study as a study file: 1x1 (job_ft3.sh) and 1x2 (job_ddp.sh, measuring its communication) with
+    GLOBAL_BATCH from the submitting shell and a target F1 for every run; one array after the other (singleton:
+    both test nodes are this machine). The report has the speedup, the model beside the measurement, and the time
+    to the target."""
+    spec = tmp_path / "scal.json"
+    out = tmp_path / "study"
+    spec.write_text(json.dumps({"output_dir": str(out), "config": CONFIG, "shapes": ["1x1", "1x2"],
+                                "strategies": ["ddp"], "repeats": 1}))
+    r = subprocess.run([sys.executable, "-m", "studies.submit", str(spec), "--submit", *CPU, "--dependency=singleton",
+                        f"--export=ALL,ENV_FILE={env_file},REPO_DIR={REPO},GLOBAL_BATCH=8", "--", "--target_f1", "2",
+                        "--eval_every", "0.5"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env=slurm_cluster.env)
+    assert r.returncode == 0, r.stderr
+    for array in re.findall(r"array job (\d+):", r.stdout):
+        wait_array(slurm_cluster, array)
+    summary = compare(slurm_cluster, out, out=out)
+    rows = {row["world_size"]: row for row in summary["recipes"]}
+    assert {w: (row["finished"], row["global_batch"]) for w, row in rows.items()} == {1: (1, 8), 2: (1, 8)}, \
+        logs(tmp_path)
+    assert rows[1]["speedup"] == pytest.approx(1.0) and rows[2]["speedup"] > 0
+    for world, script in ((1, "job_ft3.sh"), (2, "job_ddp.sh")):
+        (folder,) = [r["folder"] for r in summary["runs"] if r["figures"]["world_size"] == world]
+        (line,) = job_times(Path(folder))
+        assert (line["script"], line["world_size"]) == (script, world), line
+        assert rows[world]["to_target_s"]["n"] == 1 and rows[world]["target_f1"] == [2.0]
+    assert rows[1]["target_speedup"] == pytest.approx(1.0) and rows[2]["target_speedup"] > 0
+    (entry,) = summary["predictions"]
+    assert (entry["nodes"], entry["gpus_per_node"], entry["busbw_source"]) == (1, 2, "measured")
+    assert entry["busbw_GBps"] > 0 and entry["step_s"] > 0 and entry["predicted_step_s"] > 0
+    assert entry["compute_s"] > 0 and entry["exposed_s"] >= 0 and entry["predicted_speedup"] > 0
+    text = (out / "compare.md").read_text()
+    assert "## Measured and predicted" in text and "## Time to F1 2" in text
+    assert (out / "compare_speedup.png").read_bytes()[:4] == b"\x89PNG"
