@@ -106,8 +106,7 @@ class Answerer:
 
     def answer_many(self, questions, contexts, top_k: int = 1) -> list:
         """One result per question; `contexts`: one per question, or a single one for all."""
-        from qa.data.table import table_from_columns
-        from qa.data.validate import validate
+        from qa.data.table import table_from_columns, validate
 
         questions = list(questions)
         contexts = [contexts] * len(questions) if isinstance(contexts, str) else list(contexts)

@@ -1,12 +1,7 @@
 #!/usr/bin/env python
-"""Fine-tune a BERT-style model for extractive question answering (SQuAD v1.1 / v2.0).
-
-    python run_qa.py configs/smoke.json                      # offline, a few CPU minutes
-    python run_qa.py configs/reference.json --output_dir runs/ref
-    torchrun --nproc_per_node 2 run_qa.py configs/reference.json
-
-Arguments: `python run_qa.py --help` and qa/arguments.py. What a run writes: README, "What a run records".
-"""
+"""Fine-tune a BERT-style model for extractive question answering (SQuAD v1.1 / v2.0): `python run_qa.py CONFIG
+[--flag value ...]`, under torchrun too (docs/running.md, "Commands"; `--help` and qa/arguments.py for the
+arguments). What a run writes: README, "What a run records"."""
 import logging
 import os
 import sys
@@ -66,8 +61,7 @@ def build_features(setup, split):
 
 @dataclass
 class RunSetup:
-    """What run() settles before anything is written: arguments, model, questions, checkpoints, features cache;
-    and the clock of its phases."""
+    """What run() settles before anything is written, and the clock of its phases."""
     model_args: object
     data_args: object
     run_args: object
@@ -104,11 +98,10 @@ def run(argv, callbacks=()):
                                                      trainer=trainer_for, out_of_memory=out_of_memory))
 
     # One run per output folder: rank 0 takes its lock before anything is written there, every rank learns whether
-    # it got it. A folder the lock created is removed again if the run stops on bad input below (nothing written).
+    # it got it; a folder the lock created goes again if load() refuses the input (qa.training.runlock).
     lock = RunLock(training_args.output_dir)
     on_main_rank(lock.acquire)
     try:
-        # Everything else that can reject the user's input runs before anything is written.
         return _train_and_evaluate(load(model_args, data_args, run_args, training_args, clock), callbacks)
     finally:
         lock.release()
@@ -136,7 +129,6 @@ def load(model_args, data_args, run_args, training_args, clock) -> RunSetup:
         model, tokenizer = load_model_and_tokenizer(model_args, work_dir=cache_root, check=check,
                                                     training=training_args.do_train,
                                                     compile=training_args.torch_compile)
-        # Once for all ranks: the checkpoint to resume, verified and fit to this run.
         checkpoints = Checkpoints.open(model.config, training_args, data_args, run_args.resume, examples.get("train"))
         if checkpoints.trained_here:  # the training ended there: its model is evaluated, as it is
             said.clear()

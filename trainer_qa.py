@@ -1,10 +1,6 @@
-"""A `Trainer` whose evaluate() and predict() report SQuAD's exact match and F1: after the usual prediction loop
-(which gathers every rank's logits per feature), the logits become answers per question and are scored. Every rank
-does this on the same logits and ends with the same metrics, so `load_best_model_at_end` with
-`metric_for_best_model="eval_f1"` works under DDP (a metric computed on rank 0 alone, as in the well-known example,
-leaves the other ranks without it). Only the main process writes prediction files. The other overrides keep
-evaluation in order, length grouping cheap, checkpoints marked complete and the final save atomic; each says why.
-tests/test_transformers_range.py checks the Trainer internals they rely on over the supported range."""
+"""A `Trainer` whose evaluate() and predict() report SQuAD's exact match and F1 on every rank (each scores the
+same gathered logits), so `load_best_model_at_end` with `metric_for_best_model="eval_f1"` works under DDP, unlike
+the well-known example's rank-0 metric. tests/test_transformers_range.py checks the Trainer internals relied on."""
 import contextlib
 import math
 import os
@@ -26,10 +22,8 @@ from utils_qa import PostProcessing, scores_from_examples
 class QuestionAnsweringTrainer(Trainer):
     def __init__(self, *args, eval_examples=None, post_processing: PostProcessing = PostProcessing(),
                  log_extras=None, checkpoints: Checkpoints = None, clock: PhaseClock = None, **kwargs):
-        """`eval_examples`: the questions behind `eval_dataset` (its features); `post_processing`: how logits become
-        answers; `log_extras`: a function of a log entry returning values to add to it (the run's throughput figures,
-        TelemetryCallback.log_values); `checkpoints`: the run's Checkpoints, which mark each one saved complete;
-        `clock`: the run's PhaseClock, which times the evaluations and checkpoints inside the training."""
+        """`eval_examples`: the questions behind `eval_dataset` (its features); `log_extras`: a function of a log entry
+        returning values to add to it (TelemetryCallback.log_values); `checkpoints`, `clock`: the run's."""
         super().__init__(*args, **kwargs)
         self.eval_examples = eval_examples
         self.post_processing = post_processing
@@ -44,32 +38,24 @@ class QuestionAnsweringTrainer(Trainer):
         super().log(logs, start_time)
 
     def _get_train_sampler(self, train_dataset=None):
-        # Why: the Trainer reads lengths row by row, seconds a run at SQuAD's size; as one list: milliseconds.
-        # Its copy of the dataset has lost `length` with the unused columns, so it measures every row; kept
-        # (remove_unused_columns=False), the column is a datasets Column indexed per row at every epoch.
+        # Why: the Trainer measures every row (its copy of the dataset has lost `length` with the unused columns) or,
+        # kept (remove_unused_columns=False), reads the column row by row each epoch: seconds at SQuAD's size.
         dataset, name = self.train_dataset, self.args.length_column_name
-        if (self.args.train_sampling_strategy == "group_by_length" and hasattr(dataset, "column_names")
-                and name in dataset.column_names):
+        if self.args.train_sampling_strategy == "group_by_length" and name in dataset.column_names:
             return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
                                         lengths=dataset.with_format("arrow")[name].to_pylist())
         return super()._get_train_sampler(train_dataset)
 
-    def get_eval_dataloader(self, eval_dataset=None):
-        # Why: logits pair with features by position; under group_by_length the Trainer would shuffle these too.
+    def _get_eval_sampler(self, eval_dataset):
+        # Why: logits pair with features by position, which group_by_length would shuffle for evaluation too.
         with attributes_set(self.args, train_sampling_strategy="random"):
-            return super().get_eval_dataloader(eval_dataset)
-
-    def get_test_dataloader(self, test_dataset):
-        # Why: as in get_eval_dataloader: prediction keeps the features' order.
-        with attributes_set(self.args, train_sampling_strategy="random"):
-            return super().get_test_dataloader(test_dataset)
+            return super()._get_eval_sampler(eval_dataset)
 
     def _save_checkpoint(self, model, trial):
-        # Why: the completion marker, once every rank has saved; rotation after it, so a complete one remains.
+        # Why: the completion marker, once every rank has saved; the Trainer would delete old checkpoints
+        # (save_total_limit) before it, and a job killed in between keep no complete one: rotation comes after.
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         with self.clock.phase("saving"), self.checkpoints.saving(folder, self.state.global_step, self.args.should_save):
-            # The Trainer deletes old checkpoints (save_total_limit) as soon as it has written the new one, before
-            # the marker: a job killed in between would keep no complete checkpoint.
             with attributes_set(self.args, save_total_limit=None):
                 super()._save_checkpoint(model, trial)
             self.accelerator.wait_for_everyone()  # every rank's part (its RNG state, its FSDP shards) is written
@@ -120,8 +106,8 @@ class QuestionAnsweringTrainer(Trainer):
         return metrics
 
     def predict(self, test_dataset, test_examples=None, ignore_keys=None, metric_key_prefix="predict"):
-        # Why: answers are per question, from the logits of all its features, and written to files.
-        """(predictions: question id -> answer text, metrics); F1/EM only when the examples carry gold answers."""
+        """(predictions: question id -> answer text, metrics): answers are per question, from the logits of all its
+        features, and written to files; F1/EM only when the examples carry gold answers."""
         predictions, metrics = self._predict_and_score(
             self.get_test_dataloader(test_dataset), test_dataset, test_examples, ignore_keys, metric_key_prefix,
             "Prediction", files_prefix=metric_key_prefix)

@@ -1,41 +1,32 @@
 #!/usr/bin/env python
 """SQuAD's own code: the pre-processing (questions and contexts -> windows of at most `max_seq_length` tokens
 sharing `doc_stride`), the post-processing (logits -> answer texts, v1.1 and v2.0) and the metric, exactly as
-the official scripts compute it, with its command (installed as bert-squad-score too):
-
-    python utils_qa.py score DATASET_FILE PREDICTIONS_FILE [--na-prob-file F] [--na-prob-thresh T]
+the official scripts compute it. `python utils_qa.py score ...` runs score_qa.py's command (docs/running.md).
 
 The two halves of one contract sit together: every window starts with [CLS] (the label of a window without the
 answer, and the SQuAD v2 null score) and keeps character offsets for context tokens only, which is all the
 post-processing needs to turn logits into answer text."""
-import argparse
 import collections
-import json
 import logging
 import math
 import os
 import re
 import string
-import sys
 from dataclasses import asdict, dataclass, fields
 
-from qa.errors import InputError, command, require_packages
+from qa.errors import InputError, require_packages
 
 require_packages("numpy", "pyarrow", "datasets")  # before importing them: one line, no traceback
 import numpy as np
 import pyarrow as pa
 
 from qa.arguments import check_window
-from qa.data.sources import read_squad
-from qa.data.synthetic import VERSION_1 as SYNTHETIC_V1
-from qa.io import atomic_write_json, read_json
+from qa.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
 
-# ---- Pre-processing: training windows are labelled with the answer's token span; evaluation windows keep their
-# question's id and each context token's character span. Every window starts with CLS (check_tokenizer makes sure;
-# padding goes on the right), so windows without the answer, unanswerable questions and the v2 null score use 0.
+# ---- Pre-processing. check_tokenizer makes sure that every window starts with CLS; padding goes on the right.
 CLS_INDEX = 0
 
 
@@ -309,7 +300,6 @@ def rank_answers(examples, features, all_start_logits, all_end_logits, *, versio
     lengths = np.minimum(lengths, seq_len)
     warn_featureless(ids, np.bincount(example_of, minlength=len(ids)) == 0)
 
-    # The n_best_size best start and end positions of every feature and their offsets.
     k = n_best_size
     starts, ends = _top_positions(start, lengths, k), _top_positions(end, lengths, k)
     start_char, start_ok = gather(starts, 0)
@@ -429,8 +419,6 @@ def _questions(examples) -> list:
 
 
 def _v1_scores(questions, predictions) -> dict:
-    if not questions:
-        raise InputError("dataset", "contains no questions", "score a dataset that has questions")
     exact_total = f1_total = 0
     for qid, golds in questions:
         if qid not in predictions:
@@ -477,8 +465,6 @@ def _v2_scores(questions, predictions, na_probs=None, na_prob_thresh=1.0) -> col
         has_answer[qid] = bool(golds)
         exact_raw[qid], f1_raw[qid] = (_question_scores(predictions[qid], golds, version_2=True)
                                        if qid in predictions else (0, 0))
-    if not exact_raw:
-        raise InputError("dataset", "contains no questions", "score a dataset that has questions")
     exact, f1 = dict(exact_raw), dict(f1_raw)
     for qid in exact_raw:
         if qid in predictions and (na_probs or {}).get(qid, 0.0) > na_prob_thresh:
@@ -501,133 +487,14 @@ def scores_from_examples(examples, predictions, version_2_with_negative: bool, n
     (_v2_scores) when `version_2_with_negative`, from flat examples (see _questions) and `predictions`
     (question id -> answer text)."""
     questions = _questions(examples)
+    if not questions:
+        raise InputError("dataset", "contains no questions", "score a dataset that has questions")
     if version_2_with_negative:
         return _v2_scores(questions, predictions, na_probs, na_prob_thresh)
     return _v1_scores(questions, predictions)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        # argparse would print usage plus a message over two lines; keep the one-line contract.
-        raise InputError("command line", message, f"see '{self.prog} --help'")
+if __name__ == "__main__":  # `python utils_qa.py score ...` (docs/running.md): run as a script, never on import
+    from score_qa import main
 
-
-def _parser():
-    top = _Parser(prog="python utils_qa.py", description="SQuAD's utilities as commands.")
-    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    parser = commands.add_parser("score", help="score predictions as the official SQuAD scripts do",
-                                 description="Score SQuAD predictions as the official v1.1 / v2.0 evaluation "
-                                             "scripts do (the version is the dataset's).")
-    parser.add_argument("dataset_file", help="official SQuAD dataset JSON (plain or .gz)")
-    parser.add_argument("predictions_file", help="JSON object: question id -> answer text")
-    parser.add_argument("--na-prob-file", "-n", default=None,
-                        help="v2.0 only: JSON object, question id -> probability of no answer")
-    parser.add_argument("--na-prob-thresh", "-t", type=float, default=1.0,
-                        help='v2.0: predict "" when the no-answer probability exceeds this (default 1.0)')
-    parser.add_argument("--only_predicted", "--only-predicted", action="store_true",
-                        help="score only the questions that have a prediction (by default a question without "
-                             "one scores 0 and counts in every total)")
-    return top
-
-
-def _json_type(value) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
-    return names.get(type(value), "null")
-
-
-def _read_mapping(path, what: str, value_name: str, kind: str, fix: str) -> dict:
-    """The JSON object in `path`, question id -> a JSON `kind` ("string" or "number") for each."""
-    mapping = read_json(path, what)
-    if not isinstance(mapping, dict):
-        raise InputError(str(path), f"holds a JSON {_json_type(mapping)}, not an object", fix)
-    for qid, value in mapping.items():
-        if _json_type(value) != kind:
-            raise InputError(str(path), f"the {value_name} for question {qid!r} is a JSON {_json_type(value)}, "
-                                        f"not a {kind}", fix)
-    return mapping
-
-
-def _coverage_note(qids, predictions, args, version_2):
-    """Stop when no prediction belongs to the dataset (an F1 of 0 would be printed as if real); when only
-    some questions have one, the line that says how many (else None)."""
-    missing = [qid for qid in qids if qid not in predictions]
-    answered = len(qids) - len(missing)
-    extra = len(set(predictions) - set(qids))
-    if answered == 0:
-        example = f" (e.g. {next(iter(predictions))!r} there, {qids[0]!r} here)" if predictions else ""
-        raise InputError(str(args.dataset_file), f"none of its {len(qids)} questions has a prediction in "
-                         f"{args.predictions_file}: 0 of {len(qids)} ids matched{example}",
-                         "score the predictions made for this dataset (they are keyed by its question ids)")
-    notes = []
-    if missing and args.only_predicted:
-        notes.append(f"--only_predicted: scoring the {answered} of {len(qids)} questions that have a prediction")
-    elif missing:
-        notes.append(f"{answered} of {len(qids)} questions have a prediction; the {len(missing)} without one (e.g. "
-                     f"{missing[0]}) score 0 and stay in the totals"
-                     + (" (the official v2.0 script would drop them or crash)" if version_2 else "")
-                     + f"; --only_predicted scores the {answered} predicted ones only")
-    if extra:
-        notes.append(f"{extra} prediction id(s) are not questions of the dataset (ignored)")
-    return "; ".join(notes) or None
-
-
-def _looks_like_predictions(path) -> bool:
-    """A JSON object of strings only, as a predictions file is (a dataset has lists and objects)."""
-    try:
-        found = read_json(path, "dataset file")
-    except InputError:
-        return False
-    return isinstance(found, dict) and bool(found) and all(isinstance(v, str) for v in found.values())
-
-
-def _score_files(args) -> str:
-    # The project's one reader, with its layout checks and messages (answer positions are not checked:
-    # the metric compares texts).
-    try:
-        squad = read_squad(args.dataset_file, check_answer_spans=False)
-    except InputError:
-        if _looks_like_predictions(args.dataset_file):
-            raise InputError(str(args.dataset_file), "holds predictions (question id -> answer text), not a dataset: "
-                             "the two files are likely given in swapped order", "give the dataset first: "
-                             "bert-squad-score DATASET_FILE PREDICTIONS_FILE") from None
-        raise
-    questions = _questions(squad.dataset)
-    predictions = _read_mapping(args.predictions_file, "predictions file", "answer", "string",
-                                "write a JSON object mapping each question id to its answer text")
-    note = _coverage_note([qid for qid, _ in questions], predictions, args, squad.version_2)
-    if args.only_predicted:
-        questions = [(qid, golds) for qid, golds in questions if qid in predictions]
-    na_probs = None
-    if args.na_prob_file is not None and not squad.version_2:
-        raise InputError(args.na_prob_file, "was given, but the dataset is SQuAD v1.1, which has no unanswerable "
-                         "questions", "leave out --na-prob-file")
-    if args.na_prob_file is not None:
-        fix = "write a JSON object mapping each question id to its probability of having no answer"
-        na_probs = _read_mapping(args.na_prob_file, "no-answer probability file", "probability", "number", fix)
-        # Every answered question is compared with the threshold, so each needs a probability.
-        unknown = next((qid for qid, _ in questions if qid in predictions and qid not in na_probs), None)
-        if unknown is not None:
-            raise InputError(args.na_prob_file, f"has no probability for question {unknown!r}", fix)
-    if not squad.version_2 and squad.version not in (None, "1.1", SYNTHETIC_V1):  # the project's own is 1.1
-        print(f"Evaluation expects v-1.1, but got dataset with v-{squad.version}", file=sys.stderr)
-    if note:  # after every check of the input: an error stays the only line
-        print(note, file=sys.stderr)
-    if squad.version_2:
-        return json.dumps(_v2_scores(questions, predictions, na_probs, args.na_prob_thresh), indent=2)
-    return json.dumps(_v1_scores(questions, predictions))
-
-
-@command
-def main(argv=None) -> int:
-    """`score`: prints the scores; 0, or 2 after a one-line `error: ...` on stderr for bad input."""
-    print(_score_files(_parser().parse_args(argv)))  # --help: SystemExit(0), which `command` returns as 0
-    return 0
-
-
-def score(argv=None) -> int:
-    """bert-squad-score DATASET_FILE PREDICTIONS_FILE ...: `python utils_qa.py score` by its installed name."""
-    return main(["score", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -11,10 +11,10 @@ import sys
 from dataclasses import dataclass, field, fields
 from functools import partial
 
-from qa.data.files import check_data_file
 from qa.data.sources import parse_slice
+from qa.data.table import WHAT as DATA_FILE
 from qa.errors import InputError, command
-from qa.io import read_json
+from qa.io import read_json, require_file
 from qa.model import check_model_source
 
 logger = logging.getLogger(__name__)
@@ -95,19 +95,17 @@ class Folder:
         return why and f"cannot be created: {parent} {why}"
 
 
-def _model(name, value, values) -> None:
-    if value is not None:
-        check_model_source(value)
+def _given(check, *args):
+    """The rule of a setting that may be left unset (None): `check(value, *args)`, `{name}` in them filled in."""
+    def rule(name, value, values) -> None:
+        if value is not None:
+            check(value, *(part.format(name=name) for part in args))
+    return rule
 
 
-def _data_file(name, value, values) -> None:
-    if value is not None:
-        check_data_file(value)
-
-
-def _articles(name, value, values) -> None:
-    if value is not None:
-        parse_slice(value, f"--{name}")
+_model = _given(check_model_source)
+_data_file = _given(require_file, DATA_FILE)
+_articles = _given(parse_slice, "--{name}")
 
 
 def _resume(name, value, values) -> None:
@@ -123,9 +121,14 @@ def _steps_window(name, value, values) -> None:
                          "steps; the window opens at the end of step START)", "give e.g. '10:50'")
 
 
-def _buckets(name, value, values) -> None:  # and at most max_seq_length: check_together
+def _buckets(name, value, values) -> None:  # their one check: the collator takes them as given
     if min(value or [1]) < 1:
         raise InputError(f"{name}={list(value)}", f"bucket {min(value)} is below 1", "give lengths of 1 or more")
+    longest = values.get("max_seq_length") or math.inf
+    outside = [bucket for bucket in value or () if bucket > longest]
+    if outside:
+        raise InputError(f"{name}={list(value)}", f"bucket {outside[0]} is outside 1..max_seq_length={longest}",
+                         f"give lengths from 1 to {longest}, or raise --max_seq_length")
 
 
 def arg(default=None, check=None, help=None, choices=None):
@@ -262,8 +265,7 @@ RULES = {f.name: f.metadata["check"] for group in (ModelArguments, DataArguments
 
 
 def check_settings(values: dict, off=()) -> list:
-    """InputError on the first of `values` (name -> parsed value) that breaks its rule, then on settings that do not
-    go together; -> a note for each setting the others leave idle."""
+    """InputError on the first setting that breaks its rule, then on those that do not go together; -> idle notes."""
     for name, rule in RULES.items():
         if name in values:
             rule(name, values[name], values)
@@ -283,11 +285,6 @@ def check_together(values: dict, off=()) -> list:
         if values.get(name) is not None and values.get(needed) is None and needed not in off:
             raise InputError(f"{name}={_plain(values[name])}", f"means nothing without --{needed} "
                              f"({RULES[name].means})", f"give --{needed} too, or leave {name} out")
-    longest = values.get("max_seq_length") or math.inf
-    outside = [bucket for bucket in values.get("length_buckets") or () if not 1 <= bucket <= longest]
-    if outside:
-        raise InputError(f"length_buckets={list(values['length_buckets'])}", f"bucket {outside[0]} is outside "
-                         f"1..max_seq_length={longest}", f"give lengths from 1 to {longest}, or raise --max_seq_length")
     if all(k in values for k in ("max_seq_length", "doc_stride", "max_query_length")):
         check_window(values["max_seq_length"], values["doc_stride"], values["max_query_length"])
     if "do_train" in values:  # a whole run's settings; TrainingArguments evaluates when given an eval_strategy
@@ -345,8 +342,7 @@ def expand(argv) -> tuple:
 
 
 def last_value(flags, name: str, default=None):
-    """The value the last --name of these (expanded) flags gives, as the parser would read it ("true" for a bare
-    boolean flag); `default` without one."""
+    """The value the last --name of these (expanded) flags gives, as the parser reads it ("true" for a bare flag)."""
     found = default
     for i, flag in enumerate(flags):
         if flag == f"--{name}":
@@ -461,8 +457,7 @@ def _or_none(kind):
 
 
 def unknown_arguments(source: str, unknown: list, options) -> InputError:
-    """Arguments the parser does not know, each misspelt flag with the closest real one (--learning_rat ->
-    --learning_rate); at most a few shown, so that the line stays short."""
+    """Each misspelt flag with the closest real one (--learning_rat -> --learning_rate); a few: the line stays short."""
     flags = [arg.split("=", 1)[0] for arg in unknown if arg.startswith("--")]
     guesses = [f"{close[0]} (not {flag})" for flag in flags[:3]
                if (close := difflib.get_close_matches(flag, [o for o in options if o.startswith("--")], n=1))]

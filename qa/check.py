@@ -1,16 +1,6 @@
-"""The check job (`--check`): on the node a job will run on, is everything there, and how long will the job take?
-
-One line for each thing the run needs: the versions and torch's CUDA build against the node, the GPUs (granted and
-seen), the precision and compilation, the world the ranks form, the model and data offline, the output folder and its
-free space. Then the config's real training for a few dozen optimizer steps and two evaluations of part of the
-validation questions, from which the job's time is predicted, phase by phase, with a --time to ask for. It ends with a
-verdict, its one line: "ready" (exit 0) or "not ready: <what> - <fix>" (exit 2). check.md and check.json go into the
-output folder, and nothing else: the training runs in a temporary folder, so the real job finds the folder as it was,
-and what the job will do with an earlier run there is the job's own rule's answer (Checkpoints.choose). A SIGTERM (the
-job's time limit: jobs/launch.sh passes SLURM's warning on as one) ends the check not ready: a check job is not
-requeued, as it would start over."""
+"""The check job (`--check`, docs/slurm.md#the-check-job---check) runs the job's own stages for a few steps, not a
+model of them, so that what it finds missing on the node and the time it predicts cannot drift from the job."""
 import importlib.util
-import logging
 import math
 import os
 import shutil
@@ -18,6 +8,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -34,8 +25,6 @@ from qa.results.wall_clock import PHASES
 from qa.training.preemption import Interrupted, interrupted_by_sigterm
 from qa.training.telemetry import autocast_precision, gib
 
-logger = logging.getLogger(__name__)
-
 WARM_STEPS, TIMED_STEPS = 5, 20  # steps that compile and warm up, then the steps whose time is extrapolated
 # --time: the prediction, 30% more, 2 minutes for the job's own start (environment, srun, torchrun), in 5 minutes
 MARGIN, JOB_START_S, ROUND_S = 0.3, 120, 300
@@ -43,8 +32,6 @@ MIN_EVAL_QUESTIONS = 64  # the evaluations timed: a tenth of the questions, at l
 
 
 class Report:
-    """The check's lines in order (rank 0 prints them), what it measured and predicted; the first problem decides."""
-
     def __init__(self, main: bool):
         self.main, self.lines, self.measured, self.predicted, self.problem = main, [], {}, {}, None
         self.writable = True  # the output folder, for check.md and check.json
@@ -70,8 +57,7 @@ def say_verdict(problem: InputError | None, main: bool = True) -> None:
 
 
 def check_job(parsed, stages) -> int:
-    """The check of a parsed run (model, data, run and training arguments) through run_qa.py's own `stages` (load,
-    features, trainer, out_of_memory). 0 when ready; else an InputError, once check.md is written."""
+    """0 when ready; else an InputError, once check.md is written."""
     _, _, run_args, args = parsed
     report = Report(main=args.process_index == 0)
     start = time.perf_counter()
@@ -119,8 +105,7 @@ def checks(report, env, run_args, args, stages) -> None:
 
 
 def earlier_run(report, setup, resume) -> None:
-    """What the job does with an earlier run in its output folder, by the job's own rule (Checkpoints.choose, which
-    moves nothing here): resume it, start afresh, evaluate the model trained there, or refuse."""
+    """By the job's own rule (Checkpoints.choose, told to move nothing), so the check says what the job will do."""
     folder = Path(setup.training_args.output_dir)
     held = [p for p in folder.iterdir() if p.name not in ("check.md", "check.json")] if folder.is_dir() else []
     if not held:
@@ -158,9 +143,7 @@ def versions_and_devices(report, env, args, run_args) -> None:
         report.line("compilation", *compiler_available(bool(gpus) and not args.use_cpu))
     ranks = every_rank({"host": socket.gethostname(), "gpus": len(gpus), "problem": report.problem})
     if distributed():
-        hosts = {}
-        for rank in ranks:
-            hosts[rank["host"]] = hosts.get(rank["host"], 0) + 1
+        hosts = Counter(rank["host"] for rank in ranks)
         where = ", ".join(f"{host}: {n}" for host, n in hosts.items())
         failing = next((r for r in ranks if r["problem"]), None)
         report.line("world", f"{len(ranks)} ranks on {len(hosts)} node(s) ({where}), backend "
@@ -168,7 +151,6 @@ def versions_and_devices(report, env, args, run_args) -> None:
 
 
 def granted_gpus() -> str | None:
-    """The GPUs this job was granted, in SLURM's words, or the ones the driver lists outside a job; None: none."""
     for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):  # the GPUs' indices
         if os.environ.get(var):
             return f"{var}={os.environ[var]}"
@@ -185,7 +167,6 @@ def granted_gpus() -> str | None:
 
 
 def cuda_failure() -> str:
-    """Why torch's CUDA does not start here, in its own words."""
     if torch.version.cuda is None:
         return "it is a CPU-only build"
     try:
@@ -196,7 +177,6 @@ def cuda_failure() -> str:
 
 
 def compiler_available(on_gpu: bool) -> tuple:
-    """(line, problem): what torch.compile's inductor needs here, Triton on a GPU, a C++ compiler on the CPU."""
     if on_gpu:
         if importlib.util.find_spec("triton") is None:
             return "no Triton", InputError("torch_compile=true", "Triton, which compiles for the GPU, is not "
@@ -211,7 +191,6 @@ def compiler_available(on_gpu: bool) -> tuple:
 
 
 def measure_and_predict(report, setup, stages) -> None:
-    """The real training for a few dozen steps in a temporary folder, timed evaluations, the job's prediction."""
     args, run_args, m = setup.training_args, setup.run_args, report.measured
     plan = {"eval_strategy": args.eval_strategy, "eval_steps": args.eval_steps, "save_strategy": args.save_strategy,
             "save_steps": args.save_steps, "save_total_limit": args.save_total_limit,
@@ -249,16 +228,13 @@ def measure_and_predict(report, setup, stages) -> None:
 
 
 def job_steps(trainer) -> tuple:
-    """(optimizer steps, steps per epoch) of the job, by the Trainer's arithmetic on its dataloader's length."""
-    batches = len(trainer.get_train_dataloader())  # per rank
-    per_epoch = max(math.ceil(batches / trainer.args.gradient_accumulation_steps), 1)
-    max_steps = trainer.args.max_steps  # the config's: the check's own is set only when it trains
-    return (max_steps if max_steps > 0 else math.ceil(trainer.args.num_train_epochs * per_epoch)), per_epoch
+    """(optimizer steps, steps per epoch) by train()'s own arithmetic, before the check sets its own max_steps."""
+    values = trainer.set_initial_training_values(trainer.args, trainer.get_train_dataloader())
+    return values[-1], values[1]
 
 
 def write_rate(report, setup, output_dir, plan, steps) -> None:
-    """The output folder: writable, its write rate (the model's weights, written and removed), and free space for
-    the checkpoints the config keeps (a new one is written before the oldest goes) and the model."""
+    """Free space for the checkpoints the config keeps, one more while a new one is written before the oldest goes."""
     model, m = setup.model, report.measured
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     checkpoint = weights + 2 * sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)  # AdamW's moments
@@ -295,8 +271,6 @@ def write_rate(report, setup, output_dir, plan, steps) -> None:
 
 
 def acts(strategy, every, steps: int, per_epoch: int) -> set:
-    """The steps at which an eval or save strategy acts in a training of `steps`: every `every` steps (a fraction: of
-    the steps) and the last, or each epoch's end."""
     if strategy == "steps":
         interval = max(math.ceil(every * steps) if every < 1 else int(every), 1)
         return {*range(interval, steps + 1, interval), steps} if steps else set()
@@ -348,8 +322,6 @@ def measure_evaluation(report, trainer, examples, features) -> None:
 
 
 def predict(report, setup, features, plan, steps) -> None:
-    """The job's seconds in the phases of its wall-clock breakdown (qa/results/wall_clock.py), from what the check
-    measured, and the --time to ask for."""
     m, clock, args = report.measured, setup.clock.seconds, setup.training_args
     total_steps, per_epoch = steps
     per_feature = m.get("eval_s_per_feature", 0.0)
@@ -386,7 +358,6 @@ def slurm_time(seconds: int) -> str:
 
 
 def write(report, output_dir, env) -> None:
-    """check.json and check.md into the output folder (rank 0), unless the folder is what failed."""
     if not (report.main and report.writable):
         return
     record = {"verdict": verdict(report.problem), "ready": report.problem is None,

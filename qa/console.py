@@ -1,10 +1,5 @@
-"""What a run prints: readable in a terminal, and in a log file (a SLURM job's .out/.err).
-- Progress bars only on a terminal: a log file keeps tqdm's redraws as hundreds of half-lines. The bars for loading
-  and writing weights go everywhere (they flash by and, at every checkpoint, break the training bar).
-- Log entries as numbers: one JSON object per entry (`{"step": 10, "loss": 4.63, ...}`), not floats as strings.
-- No pinned memory without an accelerator: torch would warn that it cannot pin anything.
-- One line per log record: where `CI` is set, transformers' loggers pass each record on to the root logger's handler
-  as well as their own; `configure_logging` keeps it to theirs."""
+"""What a run prints, readable in a terminal and in a SLURM job's log file (docs/running.md#the-log): a log file
+would keep tqdm's redraws as hundreds of half-lines, and the Trainer's printer writes numbers as strings."""
 import contextlib
 import json
 import logging
@@ -19,8 +14,8 @@ logger = logging.getLogger(__name__)
 
 
 def configure_output(training_args, explicit: set, terminal=None) -> None:
-    """Sets the progress bars and memory pinning for where the output goes (see the module docstring).
-    `explicit`: the argument names the user gave, which are kept as given."""
+    """`explicit`: the argument names the user gave, kept as given. The bars for loading and writing weights are off
+    on a terminal too: they flash by and, at every checkpoint, break the training bar."""
     import datasets
 
     if terminal is None:
@@ -38,8 +33,8 @@ def configure_output(training_args, explicit: set, terminal=None) -> None:
 
 
 def configure_logging(verbose: bool) -> None:
-    """The run's log format and level (INFO when `verbose`), for its own loggers and the libraries' that have none of
-    their own. transformers keeps its handler (its level follows the Trainer's --log_level) and no longer propagates."""
+    """transformers keeps its own handler (its level follows --log_level) and stops propagating: where `CI` is set,
+    its loggers would pass each record on to the root logger's handler too, every line twice."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         level=logging.INFO if verbose else logging.WARNING)
     transformers_logging.disable_propagation()
@@ -69,16 +64,12 @@ def format_log(logs: dict, step=None) -> str:
 
 
 class LogLinesCallback(TrainerCallback):
-    """Prints each log entry as a line of numbers (the main process only); no progress bar."""
-
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
             print(format_log(logs, state.global_step), flush=True)
 
 
 class LogLinesProgressCallback(ProgressCallback):
-    """The Trainer's progress bar, with each log entry printed above it as a line of numbers."""
-
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not (state.is_world_process_zero and logs):
             return
@@ -94,8 +85,7 @@ def log_lines_callback(training_args) -> TrainerCallback:
 
 
 def replace_log_printer(trainer, callback) -> None:
-    """Puts `callback` in place of the Trainer's printer or progress callback, through its public pop_callback/
-    add_callback; a Trainer with neither (e.g. in a notebook, whose progress display is left alone) is left as it is."""
+    """A Trainer with neither printer nor progress bar (a notebook's progress display) is left as it is."""
     removed = [trainer.pop_callback(cls) for cls in (ProgressCallback, PrinterCallback)]
     if any(removed):
         trainer.add_callback(callback)

@@ -1,10 +1,6 @@
-"""The project's one error type for what a user must fix, and the one way a command reports it. An InputError's
-message is one line that names the file, record or setting at fault and says how to fix it (`plural` words its
-counts, `short` quotes its values). Every command (run_qa.py, utils_qa.py score, tools/prefetch.py, ...) runs its
-main through `command`, which prints `error: <message>` on stderr and exits with the error's status: 2, or the
-distinct status of a failure the user fixes the same way (EXIT_OUT_OF_MEMORY, EXIT_DISK_FULL); anything else is a bug
-and keeps its traceback. Rank 0 writes how it ended (OUTCOMES; any other status: "failed") into the file
-QA_OUTCOME_FILE names, if any: torchrun ends with 1 whatever its workers' statuses, so a launcher learns it there."""
+"""The one error type for what a user must fix, and the one way every command reports it: a line that names the
+culprit and the fix (docs/running.md, "Bad input and exit statuses"); a bug keeps its traceback. torchrun ends with 1
+whatever its workers' statuses, so rank 0 writes how it ended into QA_OUTCOME_FILE, for the launcher."""
 import functools
 import json
 import os
@@ -44,13 +40,11 @@ def short(value, limit: int = 60) -> str:
 
 
 def require_packages(*names) -> None:
-    """One line and status 2, not a traceback, when this Python lacks the project's packages: a shell in which the
-    project's environment is not active. Before they are imported; find_spec imports nothing. A Ctrl-C during those
-    imports (seconds) is one line too, and the process ends by SIGINT."""
+    """A shell in which the project's environment is not active: one line, not a traceback, before the imports (seconds,
+    so a Ctrl-C during them is one line too; find_spec imports nothing)."""
     import importlib.util
 
     sys.excepthook = functools.partial(_ctrl_c_in_one_line, sys.excepthook)
-
     missing = [name for name in names if importlib.util.find_spec(name) is None]
     if missing:
         found = environment_file()
@@ -76,8 +70,7 @@ def _ctrl_c_in_one_line(hook, kind, value, traceback):
 
 
 def command(main):
-    """Decorates a command's `main(argv=None) -> int`: an InputError becomes one line and its exit status; --help
-    returns 0."""
+    """Decorates a command's `main(argv=None) -> int`."""
     @functools.wraps(main)
     def run(*args, **kwargs):
         status, reason = 1, ""

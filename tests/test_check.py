@@ -16,6 +16,7 @@ import pytest
 from qa.check import acts, slurm_time
 from qa.results.wall_clock import PHASES
 from tests.helpers import REPO, go_offline, run_qa
+from tests.test_transformers_range import OLDEST_PYTHON, needs_oldest
 
 TINY = str(REPO / "configs" / "smoke_tiny.json")
 RUN_FILES = {"check.json", "check.md"}
@@ -44,6 +45,37 @@ def _check(out):
 ])
 def test_evaluations_and_checkpoints_fall_on_the_steps_the_trainer_acts_at(strategy, every, steps, per_epoch, expect):
     assert acts(strategy, every, steps, per_epoch) == expect
+
+
+JOB_STEPS = """
+import json, sys, tempfile
+import torch
+from datasets import Dataset
+from transformers import Trainer, TrainingArguments
+from qa.check import job_steps
+steps = []
+with tempfile.TemporaryDirectory() as folder:
+    for rows, batch, accumulation, epochs, max_steps in json.loads(sys.argv[1]):
+        args = TrainingArguments(output_dir=folder, use_cpu=True, per_device_train_batch_size=batch, report_to=[],
+                                 gradient_accumulation_steps=accumulation, num_train_epochs=epochs,
+                                 max_steps=max_steps, remove_unused_columns=False)
+        data = Dataset.from_dict({"x": [[0.0]] * rows})
+        steps.append(job_steps(Trainer(model=torch.nn.Linear(1, 1), args=args, train_dataset=data)))
+print(json.dumps(steps))
+"""
+
+
+@pytest.mark.parametrize("python", [sys.executable, pytest.param(OLDEST_PYTHON, marks=needs_oldest)],
+                         ids=["installed", "oldest"])
+def test_the_jobs_steps_are_the_trainers_own_on_both_ends_of_the_range(python):
+    """job_steps asks the Trainer's own arithmetic (set_initial_training_values, an internal of transformers): the
+    same (optimizer steps, steps per epoch) on the newest and the oldest release of the range."""
+    cases = [[50, 4, 3, 2.5, -1], [50, 4, 3, 2.5, 7], [5, 8, 4, 1, -1], [97, 8, 1, 0.3, -1]]
+    done = subprocess.run([python, "-c", JOB_STEPS, json.dumps(cases)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # 13 batches of 4 in 5 steps of 3 an epoch, 2.5 epochs; max_steps wins; one step an epoch at least; 0.3 epochs
+    assert json.loads(done.stdout.splitlines()[-1]) == [[13, 5], [7, 5], [1, 1], [4, 13]]
 
 
 def test_the_time_to_ask_for_is_slurms_format():

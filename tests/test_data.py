@@ -508,14 +508,14 @@ def test_synthetic(v2):
 def test_gzip_is_recognised_by_content_whatever_the_name(tmp_path, capsys):
     """A gzipped official file named .json trains and scores alike (the loader once went by the
     suffix and the scorer by the content)."""
-    import utils_qa
+    import score_qa
 
     path = tmp_path / "dev.json"
     path.write_bytes(gzip.compress(json.dumps(official()).encode()))
     data = load_raw_datasets(DataArguments(train_file=str(path)), splits=("train",))["train"]
     assert data["id"] == [r["id"] for r in expected_rows()]
     preds = write_json(tmp_path / "preds.json", {r["id"]: r["answers"]["text"][0] for r in expected_rows()})
-    assert utils_qa.score([str(path), str(preds)]) == 0
+    assert score_qa.score([str(path), str(preds)]) == 0
     assert json.loads(capsys.readouterr().out) == {"exact_match": 100.0, "f1": 100.0}
 
 
@@ -536,7 +536,7 @@ BAD_FOR_BOTH = {
 
 @pytest.mark.parametrize("case", sorted(BAD_FOR_BOTH))
 def test_loader_and_scorer_reject_a_file_with_the_same_message(case, tmp_path, capsys):
-    import utils_qa
+    import score_qa
 
     text, words = BAD_FOR_BOTH[case]
     path = tmp_path / "bad.json"
@@ -544,7 +544,7 @@ def test_loader_and_scorer_reject_a_file_with_the_same_message(case, tmp_path, c
     with pytest.raises(InputError) as info:
         load_raw_datasets(DataArguments(validation_file=str(path)), splits=("validation",))
     preds = write_json(tmp_path / "preds.json", {"a": "c"})
-    assert utils_qa.score([str(path), str(preds)]) == 2
+    assert score_qa.score([str(path), str(preds)]) == 2
     assert capsys.readouterr().err.strip() == f"error: {info.value}"
     assert words in str(info.value) and str(path) in str(info.value)
 

@@ -260,8 +260,8 @@ def test_evaluation_keeps_feature_order_with_group_by_length(tmp_path, features)
     # what the loaders above prevent: the Trainer's own evaluation sampler under group_by_length
     from transformers import Trainer
 
-    shuffled = [ids for batch in Trainer.get_eval_dataloader(trainer) for ids in batch["input_ids"].tolist()]
-    assert [r[:len(f)] for r, f in zip(shuffled, expected)] != expected
+    shuffled = list(Trainer._get_eval_sampler(trainer, trainer.eval_dataset))
+    assert shuffled != list(range(len(expected)))
 
 
 # ---------------------------------------------------------------------------------------------

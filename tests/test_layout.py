@@ -3,7 +3,9 @@
 Every module of qa/ must be reached from run_qa.py through imports (those inside functions
 included); the study's model (scaling/) and the tools may use qa, never the reverse. utils_qa.py
 (SQuAD's pre- and post-processing and metric) sits between: it uses qa's readers and checks, and
-the entry points (run_qa.py, trainer_qa.py, answer_qa.py) use it. No import goes round in a cycle."""
+the entry points (run_qa.py, trainer_qa.py, answer_qa.py, score_qa.py) use it. No import goes round in
+a cycle. A script's `if __name__ == "__main__":` block is left out: it runs as the module __main__,
+never when the module is imported (utils_qa.py's hands `python utils_qa.py score` to score_qa.py)."""
 import ast
 
 from tests.helpers import REPO
@@ -13,7 +15,9 @@ def _imports(path):
     """Module names `path` imports, absolute (relative ones resolved against its package)."""
     package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    tree.body = [node for node in tree.body if not _script_block(node)]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -23,6 +27,12 @@ def _imports(path):
                 base = ".".join(parts + ([base] if base else []))
             names |= {base} | {f"{base}.{a.name}" for a in node.names}
     return names
+
+
+def _script_block(node) -> bool:
+    """`if __name__ == "__main__":` at the top level of a module."""
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and ast.unparse(node.test) in ("__name__ == '__main__'", "'__main__' == __name__"))
 
 
 def _file(module):
@@ -58,7 +68,7 @@ def test_every_qa_module_is_part_of_a_run():
 
 
 def test_the_runtime_package_uses_no_study_or_tool_code():
-    upward = ("scaling", "tools", "bench", "run_qa", "trainer_qa", "utils_qa", "answer_qa")
+    upward = ("scaling", "tools", "bench", "run_qa", "trainer_qa", "utils_qa", "answer_qa", "score_qa")
     for path in (REPO / "qa").rglob("*.py"):
         above = {m for m in _imports(path) if m.split(".")[0] in upward}
         assert not above, (path, above)
@@ -67,7 +77,7 @@ def test_the_runtime_package_uses_no_study_or_tool_code():
 def test_utils_qa_sits_between_qa_and_the_entry_points():
     graph = _graph()
     assert {m.split(".")[0] for m in graph["utils_qa"]} <= {"qa"}, graph["utils_qa"]
-    assert {m for m in graph if "utils_qa" in graph[m]} == {"run_qa", "trainer_qa", "answer_qa"}
+    assert {m for m in graph if "utils_qa" in graph[m]} == {"run_qa", "trainer_qa", "answer_qa", "score_qa"}
 
 
 def test_the_import_graph_has_no_cycle():

@@ -8,9 +8,9 @@ import string
 
 import pytest
 
+import score_qa
 import utils_qa
-from qa.data.files import WHAT
-from qa.data.table import table_from_document
+from qa.data.table import WHAT, table_from_document
 from qa.io import read_json
 from utils_qa import normalize_answer, scores_from_examples
 from tests.helpers import DEV_SET as DEV_V11
@@ -231,7 +231,7 @@ def write_json(path, obj, compress=False):
 
 
 def run_cli(capsys, *argv):
-    code = utils_qa.score(list(argv))
+    code = score_qa.score(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -475,7 +475,7 @@ def test_dev_first_word_matches_a_simple_computation(dev, tmp_path, capsys):
 def test_files_in_swapped_order_are_named_as_such_in_one_short_line(tmp_path, capsys):
     """The real dev set and predictions for it, given predictions first: one line under 300 characters that says the
     order is swapped (not thousands of question ids from the predictions file read as a dataset's top level)."""
-    from utils_qa import score as main
+    from score_qa import score as main
 
     predictions = tmp_path / "predictions.json"
     dev = read_official_squad(DEV_V11)["data"]

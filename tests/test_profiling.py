@@ -59,7 +59,7 @@ def test_device_busy_share_is_the_union_of_device_activity_over_the_steps():
                              device(150, 110, "gpu_memcpy"), host_op]}
     busy = device_busy(trace)
     assert busy["share"] == pytest.approx((40 + 110) / 260, abs=1e-4) and busy["span_us"] == 260
-    assert device_busy([step(0, 100, 1), device(0, 100)])["share"] == 1.0  # a bare list of events, as older torch
+    assert device_busy({"traceEvents": [step(0, 100, 1), device(0, 100)]})["share"] == 1.0
     assert device_busy({"traceEvents": [device(0, 10)]}) == {"share": None, "why": "no recorded step"}
 
 

@@ -435,10 +435,10 @@ def test_one_error_type_for_every_command(capsys):
     import importlib.util
 
     import run_qa
+    import score_qa
     from qa import arguments
-    import utils_qa
 
-    mains = [run_qa.main, utils_qa.main, arguments.main]
+    mains = [run_qa.main, score_qa.main, arguments.main]
     for tool in ("prefetch", "scaling_predict", "plot_tb"):
         spec = importlib.util.spec_from_file_location(tool, REPO / "tools" / f"{tool}.py")
         module = importlib.util.module_from_spec(spec)

@@ -156,7 +156,7 @@ def test_a_run_writes_the_generated_questions_it_evaluated_and_they_score(v2, tm
     from qa.arguments import DataArguments
     from qa.data.sources import load_raw_datasets, read_squad
     from qa.results.records import write_generated_data
-    from utils_qa import score
+    from score_qa import score
 
     data_args = DataArguments(dataset_name="synthetic", synthetic_eval_examples=120, synthetic_seed=3,
                               max_eval_samples=50, version_2_with_negative=v2)

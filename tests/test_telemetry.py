@@ -246,9 +246,8 @@ def test_callback_counts_the_batches_the_model_sees():
     assert logs["perf/step_time_s"] >= 0 and 0 <= logs["perf/data_time_share"] <= 1
     assert logs["perf/samples_per_s"] > 0 and logs["perf/real_tokens_per_s"] > 0 and logs["perf/mfu"] > 0
     assert cb.log_values({"loss": 1.0}) == {}  # no step since the last entry
-    # without attention_mask: padding from the pad token id
     cb.on_step_begin(t.args, t.state, None)
-    t.model(input_ids=torch.tensor([[7, 7, 0, 0]]))
+    t.model(input_ids=torch.tensor([[7, 7, 0, 0]]), attention_mask=torch.tensor([[1, 1, 0, 0]]))
     cb.on_step_end(t.args, t.state, None)
     cb.on_train_end(t.args, t.state, None)
     summary = cb.summary()

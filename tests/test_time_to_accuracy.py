@@ -60,13 +60,14 @@ def test_never_reached_is_null_with_the_best_f1():
 def test_the_training_clock_stops_while_evaluating(tmp_path):
     """Training steps of 0.05 s, and evaluations of 0.3 s after steps 2 and 4: each evaluation's
     training seconds leave out every evaluation before it."""
+    from torch.utils.data import DataLoader
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=4, report_to=[])
     state, control = TrainerState(max_steps=4), TrainerControl()
     clock = TimeToAccuracyCallback(every=2)
     started = time.perf_counter()
-    clock.on_train_begin(args, state, control)
+    clock.on_train_begin(args, state, control, train_dataloader=DataLoader(range(16), batch_size=4))
     for step in range(1, 5):
         time.sleep(0.05)                      # training
         state.global_step = step

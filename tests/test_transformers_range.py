@@ -1,8 +1,9 @@
 """The supported range of transformers releases, declared in pyproject.toml (transformers>=5.17,<5.24).
 
-trainer_qa.py overrides Trainer methods, two of them internal (_get_train_sampler, _save_checkpoint): a
-release that renamed one, changed its parameters or stopped calling it would run without any error and
-silently lose what the override does (the length column, the evaluation order, the completion marker).
+trainer_qa.py overrides Trainer methods, three of them internal (_get_train_sampler, _get_eval_sampler,
+_save_checkpoint): a release that renamed one, changed its parameters or stopped calling it would run without
+any error and silently lose what the override does (the length column, the evaluation order, the completion
+marker).
 CONTRACTS checks each such fact, read from the installed classes and functions: here on the release the
 suite runs (requirements.txt's pin, the newest of the range) and, in a second environment that .ci/run
 builds (tools/transformers_env.sh, QA_TRANSFORMERS_OLDEST_PYTHON), on the oldest, 5.17 with
@@ -48,6 +49,7 @@ CONTRACTS = {
         and _params(t.get_test_dataloader)[1:] == ["test_dataset"]
         and _uses(t.get_eval_dataloader, "self._get_eval_sampler")
         and _uses(t.get_test_dataloader, "self._get_eval_sampler"),
+    "Trainer._get_eval_sampler(eval_dataset)": lambda t: _params(t._get_eval_sampler)[1:] == ["eval_dataset"],
     "Trainer._save_checkpoint(model, trial), rotating by args.save_total_limit":
         lambda t: _params(t._save_checkpoint)[1:] == ["model", "trial"]
         and _uses(t._save_checkpoint, "rotate_checkpoints(")

@@ -1,13 +1,7 @@
-"""Tokenized features, cached on disk and shared across runs and ranks. The key hashes all the features depend on:
-the examples, the tokenizer's full definition, the function, its parameters and its code with that of every project
-function it calls (code_digest: an edit beside it, such as the post-processing in utils_qa.py, keeps the entries).
-Per node, local rank 0 tokenizes while the other ranks wait.
-
-An entry is a pointer file, NAME.json, naming a folder NAME.v-TOKEN and the size and hash of each of its files
-(qa/manifest.py). A writer saves into NAME.tmp-HOST-PID, renames that to a new version folder and only then replaces
-the pointer atomically, so a reader on any node finds the old entry whole or the new one whole. Every hit is verified
-first; a damaged entry (a file cut short or changed on the shared file system) is rebuilt with one warning. A replaced
-version stays KEEP_REPLACED_S, for the jobs still reading it; staging folders of dead writers go."""
+"""Tokenized features, cached on disk and shared across runs, ranks and nodes (docs/running.md, "Data"). The key hashes
+the code of the function and of the project functions it calls (code_digest), so an edit elsewhere keeps the entries.
+An entry, NAME.json, points to a version folder with its files' sizes and hashes; a writer stages the folder aside and
+replaces the pointer last, so a reader on any node finds the old entry whole or the new one whole."""
 import hashlib
 import inspect
 import json
@@ -19,7 +13,7 @@ import shutil
 import socket
 import time
 import weakref
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from pathlib import Path
 
 import pyarrow as pa
@@ -59,13 +53,13 @@ def _tokenizer_digest(tokenizer) -> str:
     # Settings outside the backend's definition that change the features (question/context order,
     # where windows start, whether token_type_ids are made, padding and the CLS label).
     definition["python_side"] = {
-        "padding_side": getattr(tokenizer, "padding_side", None),
-        "truncation_side": getattr(tokenizer, "truncation_side", None),
-        "model_input_names": list(getattr(tokenizer, "model_input_names", []) or []),
+        "padding_side": tokenizer.padding_side,
+        "truncation_side": tokenizer.truncation_side,
+        "model_input_names": list(tokenizer.model_input_names),
         "special_tokens": {name: [str(token), tokenizer.convert_tokens_to_ids(str(token))]
                            for name, token in sorted(tokenizer.special_tokens_map.items())
                            if isinstance(token, str)},
-        "pad_token_type_id": getattr(tokenizer, "pad_token_type_id", None),
+        "pad_token_type_id": tokenizer.pad_token_type_id,
     }
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
@@ -167,7 +161,6 @@ def _load(pointer: Path):
 
 
 def _publish(feats, pointer: Path) -> Path:
-    """Saves `feats` as a new version of the entry and switches the pointer to it: the version folder."""
     name = pointer.name.removesuffix(".json")
     tmp = pointer.with_name(f"{name}.tmp-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # this process's own, from a try that failed
@@ -177,16 +170,13 @@ def _publish(feats, pointer: Path) -> Path:
         feats.save_to_disk(str(tmp))
         files = record_files(tmp)
         os.replace(tmp, folder)
-        try:  # the version it replaces starts its KEEP_REPLACED_S now, before the switch makes it collectable
+        with suppress(ValueError, OSError):  # the replaced version's KEEP_REPLACED_S starts before the switch
             os.utime(_entry(pointer)[0])
-        except (ValueError, OSError):
-            pass
         atomic_write_json(pointer, {"format": 1, "folder": folder.name, "files": files})
     return folder
 
 
 def _clean(cache_dir: Path) -> None:
-    """Removes staging folders of writers that died and versions replaced more than KEEP_REPLACED_S ago."""
     host, now = socket.gethostname(), time.time()
     for path in (cache_dir.iterdir() if cache_dir.is_dir() else []):
         tmp, version = _TMP.match(path.name), _VERSION.match(path.name)

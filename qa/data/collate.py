@@ -15,35 +15,26 @@ def feature_lengths(features) -> np.ndarray:
 
 def add_length_column(features):
     """`features` with each feature's token count, so a length-grouped sampler need not read every row."""
-    if LENGTH_COLUMN in features.column_names:
-        return features
     return features.add_column(LENGTH_COLUMN, feature_lengths(features))
 
 
 class BucketPaddingCollator:
-    """Pads each batch to the smallest bucket that holds its longest feature: `length_buckets` if given,
-    else the multiples of `pad_to_multiple_of`, never beyond `max_seq_length` (unless a feature is).
-    Token columns are padded on the right whatever the tokenizer's side (labels and offsets count
-    tokens from the left, as in utils_qa.py); scalar columns are stacked; the rest is dropped.
-    """
+    """Pads each batch to the smallest of `length_buckets` (checked by qa.arguments) that holds it, else to a multiple
+    of `pad_to_multiple_of` up to `max_seq_length`. On the right whatever the tokenizer's side: labels and offsets
+    count tokens from the left, as in utils_qa.py. Columns other than token ids and integer labels are dropped."""
 
     def __init__(self, tokenizer, max_seq_length: int, pad_to_multiple_of: int = 8, length_buckets=None):
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.type_pad_id = getattr(tokenizer, "pad_token_type_id", 0) or 0
+        self.pad_values = {"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id}
         self.max_seq_length = max_seq_length
-        self.multiple = max(1, pad_to_multiple_of or 1)
-        self.buckets = sorted(set(int(b) for b in length_buckets)) if length_buckets else None
+        self.multiple = pad_to_multiple_of
+        self.buckets = length_buckets or ()
 
     def target_length(self, longest: int) -> int:
-        if self.buckets:
-            for b in self.buckets:
-                if b >= longest:
-                    return b
+        bucket = min((b for b in self.buckets if b >= longest), default=None)
+        if bucket is not None:
+            return bucket
         rounded = -(-longest // self.multiple) * self.multiple
         return max(longest, min(rounded, self.max_seq_length))
-
-    def _pad_value(self, key):
-        return {"input_ids": self.pad_id, "token_type_ids": self.type_pad_id, "special_tokens_mask": 1}.get(key, 0)
 
     def __call__(self, features):
         import torch
@@ -53,15 +44,11 @@ class BucketPaddingCollator:
         for key, value in features[0].items():
             if key == LENGTH_COLUMN:
                 continue
-            if isinstance(value, (list, tuple, np.ndarray)) and (len(value) == 0 or isinstance(
-                    value[0], (int, np.integer))):
-                out = np.full((len(features), length), self._pad_value(key), dtype=np.int64)
+            if isinstance(value, (list, tuple, np.ndarray)) and isinstance(value[0], (int, np.integer)):
+                out = np.full((len(features), length), self.pad_values.get(key, 0), dtype=np.int64)
                 for i, f in enumerate(features):
-                    row = f[key]
-                    out[i, :len(row)] = row
+                    out[i, :len(f[key])] = f[key]
                 batch[key] = torch.from_numpy(out)
-            elif isinstance(value, (bool, int, np.integer)):
+            elif isinstance(value, (int, np.integer)):  # bool too
                 batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
-            elif isinstance(value, (float, np.floating)):
-                batch[key] = torch.tensor([f[key] for f in features], dtype=torch.float)
         return batch

@@ -7,10 +7,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from qa.errors import InputError
-from qa.data.files import read_table
-from qa.data.table import squad_features, table_from_columns, table_from_nested
 from qa.data.synthetic import SYNTHETIC_SEED_OFFSET, synthetic_squad
-from qa.data.validate import validate
+from qa.data.table import read_table, squad_features, table_from_columns, table_from_nested, validate
 
 SPLITS = ("train", "validation", "test")
 SETUP_SCRIPT = "setup_bert.sh"
@@ -68,10 +66,9 @@ class SquadFile:
 
 def read_squad(path, version_2_with_negative: Optional[bool] = None, require_answers: bool = True,
                check_answer_spans: bool = True) -> SquadFile:
-    """Read and validate one data file in any accepted format (docs/data.md). `version_2_with_negative` None: as the
-    file declares itself (as the official scorers do). `check_answer_spans` False skips the check that each answer sits
-    at its answer_start: scoring compares answer texts, so a position that is off matters to training, not to the
-    metric."""
+    """One data file, validated (docs/data.md). `version_2_with_negative` None: as the file declares, as the
+    official scorers read it. `check_answer_spans` False: scoring compares texts; an answer_start off matters to
+    training only."""
     gc_was_enabled = gc.isenabled()
     gc.disable()  # ~10^5 small objects without cycles: the cycle collector would run over and over
     try:
@@ -122,8 +119,7 @@ def _load_hub(name: str, config: Optional[str], cache_dir: Optional[str]):
         return datasets.load_dataset(name, config, cache_dir=cache_dir)
     except Exception as exc:
         offline = datasets.config.HF_HUB_OFFLINE
-        network = isinstance(exc, (ConnectionError, TimeoutError)) or any(
-            word in cls.__name__ for cls in type(exc).__mro__ for word in ("Connect", "Timeout", "Offline"))
+        network = any(word in cls.__name__ for cls in type(exc).__mro__ for word in ("Connect", "Timeout", "Offline"))
         if not (offline or network):
             if isinstance(exc, DatasetNotFoundError):
                 raise InputError(f"Hub dataset {name!r}", "does not exist on the Hub or needs a login",

@@ -1,14 +1,20 @@
 """The one table every source becomes before it is checked: the columns of the Hub's `rajpurkar/squad`,
-each question's answers as {"text": [...], "answer_start": [...]} whatever form they came in (the forms:
-docs/data.md), and where each row came from, for the messages."""
+each question's answers as {"text": [...], "answer_start": [...]} whatever form or file format they came in
+(docs/data.md), and where each row came from, so that `validate` names the question at fault."""
+import csv
+import io
 import json
+import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from qa.errors import InputError, plural, short
+from qa.io import json_error, parse_json_lines, read_bytes, read_text
 
 EXPECTED_COLUMNS = "id, title (optional), context, question, and answers (or answer_text + answer_start)"
+WHAT = "data file"  # what qa.io's messages call it
 
 
 def squad_features():
@@ -69,7 +75,6 @@ def table_from_document(obj, path: str, require_answers: bool) -> Table:
 
 
 def table_from_nested(articles: list, path: str, require_answers: bool) -> Table:
-    """The official SQuAD layout: articles > paragraphs > qas > answers."""
     table, places = Table(where=path, has_answers=False), []
     for a, article in enumerate(articles):
         title = _text(article.get("title")) if isinstance(article, dict) else ""
@@ -119,7 +124,6 @@ def _field(obj, key: str, kind, where: str):
 
 
 def table_from_records(records: list, path: str, require_answers: bool, locate=None) -> Table:
-    """Flat records (a JSON list, JSON Lines) into columns, then into a Table."""
     locate = locate or Table.locate
     for i, record in enumerate(records):
         if not isinstance(record, dict):
@@ -131,7 +135,6 @@ def table_from_records(records: list, path: str, require_answers: bool, locate=N
 
 
 def table_from_columns(columns: dict, path: str, require_answers: bool, locate: Callable[[int], str]) -> Table:
-    """Flat columns (from any format) into a Table; the answers may take any accepted form."""
     if not columns or not len(next(iter(columns.values()))):
         raise InputError(path, "contains no questions", "give a file with SQuAD data")
     has_dict = "answers" in columns
@@ -190,7 +193,6 @@ def _answers_from_value(value, where: str) -> dict:
 
 
 def _answers_from_pair(text, start, where: str) -> dict:
-    """Separate `answer_text` / `answer_start` columns: one value each, or lists."""
     if _is_blank(start):
         if _is_blank(text):
             return {"text": [], "answer_start": []}
@@ -211,3 +213,117 @@ def _to_int(value, where: str) -> int:
         return int(value)
     raise InputError(where, f"answer_start {value!r} is not a whole number",
                      "give the answer's character offset in the context (0 = first character)")
+
+
+def read_table(path: str, require_answers: bool) -> Table:
+    kind = file_kind(path)
+    if kind == "parquet":
+        return table_from_columns(_parse_parquet(read_bytes(path, WHAT), path), path, require_answers, _row)
+    text = read_text(path, WHAT)
+    if kind == "csv":
+        return table_from_columns(_parse_csv(text, path), path, require_answers, _row)
+    if kind == "json":
+        if not text.strip():
+            raise InputError(path, "is empty", "give a file with SQuAD data")
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if exc.msg != "Extra data" or not text.lstrip().startswith("{"):
+                raise json_error(path, exc, hint="a file with one JSON object per line should be named .jsonl") from exc
+        else:
+            return table_from_document(document, path, require_answers)
+    numbered = list(parse_json_lines(text, path))  # JSON Lines, also in a file named .json
+    return table_from_records([record for _, record in numbered], path, require_answers,
+                              locate=lambda i: f"line {numbered[i][0]}")
+
+
+def file_kind(path: str) -> str:
+    name = path.lower().removesuffix(".gz")  # the content says whether it is compressed
+    for suffixes, kind in (((".json",), "json"), ((".jsonl", ".ndjson"), "jsonl"),
+                           ((".csv",), "csv"), ((".parquet", ".pq"), "parquet")):
+        if name.endswith(suffixes):
+            return kind
+    raise InputError(path, f"unknown file type {os.path.splitext(name)[1] or '(no suffix)'!r}",
+                     "use .json (official SQuAD or flat records), .jsonl, .csv or .parquet, "
+                     "optionally gzip-compressed (a .gz suffix may follow)")
+
+
+def _row(i: int) -> str:
+    return f"row {i + 1}"
+
+
+def _parse_csv(text: str, path: str) -> dict:
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next(reader, [])
+        rows = []
+        for row in filter(any, reader):
+            if len(row) != len(header):
+                raise InputError(f"{path}, line {reader.line_num}", f"has {len(row)} fields but the header has "
+                                 f"{len(header)}", "quote fields that hold commas, quotes or newlines (\"...\")")
+            rows.append(row)
+    except csv.Error as exc:
+        raise InputError(f"{path}, line {reader.line_num}", f"is not valid CSV ({exc})",
+                         "quote fields that hold commas, quotes or newlines and double the quotes "
+                         "inside them") from exc
+    return {name: [row[j] for row in rows] for j, name in enumerate(header)}
+
+
+def _parse_parquet(data: bytes, path: str) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        return pq.read_table(pa.BufferReader(data)).to_pydict()
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(path, f"is not a readable parquet file ({exc})",
+                         "re-create it, e.g. with pandas.DataFrame.to_parquet") from exc
+
+
+def validate(table: Table, version_2_with_negative: bool, check_answer_spans: bool = True) -> None:
+    for column, fix in (("id", "give every question a unique id"), ("question", "write the question or delete it"),
+                        ("context", "give the paragraph or delete the question")):
+        values = getattr(table, column)
+        bad = [i for i, value in enumerate(values) if not value.strip()]
+        if bad:
+            also = f" ({len(bad)} of {len(values)} questions)" if len(bad) > 1 else ""
+            raise InputError(table.name(bad[0]), f"has an empty {column}{also}", fix)
+    counts = Counter(table.id)
+    if len(counts) < len(table.id):
+        qid, times = counts.most_common(1)[0]
+        repeated = plural(sum(1 for c in counts.values() if c > 1), "id")
+        raise InputError(table.where, f"question id {qid!r} occurs {times} times ({repeated} repeated in all)",
+                         "give every question a unique id (predictions and the metric are keyed by id)")
+    unanswerable = [i for i, a in enumerate(table.answers) if not a["text"]]
+    if table.has_answers and not version_2_with_negative and unanswerable:
+        raise InputError(table.name(unanswerable[0]), f"has no answer: this is SQuAD v2.0 data ("
+                         f"{len(unanswerable)} of {len(table.id)} questions are unanswerable)",
+                         "pass --version_2_with_negative, or remove them (bert-squad-score reads v2.0 from "
+                         "\"version\": \"v2.0\" or an \"is_impossible\" question)")
+    _check_answers(table, check_answer_spans)
+
+
+def _check_answers(table: Table, check_spans: bool) -> None:
+    empty, wrong = [], []
+    for i, (context, answers) in enumerate(zip(table.context, table.answers)):
+        for text, start in zip(answers["text"], answers["answer_start"]):
+            if not text:
+                empty.append((i, start))
+            elif check_spans and (start < 0 or context[start:start + len(text)] != text):
+                wrong.append((i, text, start))
+    if empty:
+        i, start = empty[0]
+        raise InputError(table.name(i), f"has an empty answer text (answer_start {start}; "
+                         f"{plural(len(empty), 'empty answer')} in all)",
+                         "write the answer as it appears in the context; an unanswerable question "
+                         "(SQuAD v2.0) has no answers at all")
+    if wrong:
+        i, text, start = wrong[0]
+        context = table.context[i]
+        found = (short(context[start:start + len(text)]) if 0 <= start < len(context) else
+                 f"nothing (the context has {len(context)} characters)")
+        first = context.find(text)
+        hint = f"the text occurs at offset {first}" if first >= 0 else "the text does not occur in the context at all"
+        n_answers = sum(len(a["text"]) for a in table.answers)
+        raise InputError(table.name(i), f"answer_start {start} does not point at the answer: expected "
+                         f"{short(text)}, found {found} ({len(wrong)} of {plural(n_answers, 'answer')} wrong)",
+                         f"correct answer_start or the answer text ({hint}; whitespace and case must match exactly)")

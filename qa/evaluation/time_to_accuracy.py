@@ -1,13 +1,10 @@
-"""Time to accuracy (throughput alone flatters a larger batch): `--eval_every` evaluates during training, each
-evaluation recording the training seconds so far, step, features seen, F1 and EM, on a clock that runs from the start of
-training (compilation and warm-up are part of the cost) and stops while evaluating; `--target_f1` gives the seconds to
-reach it. Evaluating changes nothing in training: QuestionAnsweringTrainer evaluates inside `rng_kept`."""
+"""Time to accuracy, as throughput alone flatters a larger batch (docs/time-to-accuracy.md). The clock includes
+compilation and warm-up, which are part of the cost; evaluations run inside `rng_kept`, so they change no training."""
 import contextlib
 import logging
 import math
 import random
 import time
-from typing import List, Optional
 
 import numpy as np
 import torch
@@ -25,7 +22,7 @@ def eval_interval(every: float, steps_per_epoch: int) -> int:
     return max(1, round(every * steps_per_epoch)) if every < 1 else int(every)
 
 
-def first_questions(examples, features, n: Optional[int]):
+def first_questions(examples, features, n: int | None):
     """(examples, features) of the first `n` questions (all if None), every window of each."""
     if n is None or n >= len(examples):
         return examples, features
@@ -47,7 +44,7 @@ def rng_kept():
         np.random.set_state(numpy_state)
 
 
-def time_to_target(evaluations: List[dict], target: float) -> dict:
+def time_to_target(evaluations: list[dict], target: float) -> dict:
     """When the F1 of `evaluations` (in training order) first reached `target`: the training
     seconds interpolated from the evaluation before, that evaluation's; else None and the best F1."""
     best = max(evaluations, key=lambda e: e["f1"], default=None)
@@ -78,18 +75,17 @@ class TimeToAccuracyCallback(TrainerCallback):
     """Asks for an evaluation every `every` (eval_interval) and at the last step, and records each
     on the training clock; every rank keeps the same record."""
 
-    def __init__(self, every: float, target_f1: Optional[float] = None, tensorboard_dir: Optional[str] = None):
+    def __init__(self, every: float, target_f1: float | None = None, tensorboard_dir: str | None = None):
         self.every, self.target_f1, self.tensorboard_dir = every, target_f1, tensorboard_dir
-        self.evaluations: List[dict] = []
+        self.evaluations: list[dict] = []
         self.interval, self._training, self._writer = None, False, None
 
-    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        self._accumulation = accumulation = max(int(args.gradient_accumulation_steps), 1)
-        self._batches_per_epoch = len(train_dataloader) if train_dataloader is not None else None
-        steps_per_epoch = math.ceil((self._batches_per_epoch or state.max_steps * accumulation) / accumulation)
-        self.interval = eval_interval(self.every, steps_per_epoch)
+    def on_train_begin(self, args, state, control, train_dataloader, **kwargs):
+        self._accumulation = max(int(args.gradient_accumulation_steps), 1)
+        self._batches_per_epoch = len(train_dataloader)
+        self.interval = eval_interval(self.every, math.ceil(self._batches_per_epoch / self._accumulation))
         self._global_batch = args.per_device_train_batch_size * max(int(args.world_size), 1)
-        self._features = len(train_dataloader.dataset) if train_dataloader is not None else None
+        self._features = len(train_dataloader.dataset)
         self.evaluations, self.evaluation_s = [], 0.0
         self._start = self._step_end = time.perf_counter()
         self._training = True
@@ -98,10 +94,7 @@ class TimeToAccuracyCallback(TrainerCallback):
 
     def _features_seen(self, step: int) -> int:
         """Features (windows) trained on by the end of optimizer step `step`, all ranks together."""
-        micro = step * self._accumulation
-        if not self._batches_per_epoch or not self._features:
-            return micro * self._global_batch
-        epochs, partial = divmod(micro, self._batches_per_epoch)
+        epochs, partial = divmod(step * self._accumulation, self._batches_per_epoch)
         return epochs * self._features + min(partial * self._global_batch, self._features)
 
     def on_step_end(self, args, state, control, **kwargs):

@@ -1,5 +1,4 @@
-"""The model card of a trained output_dir (README.md, where the Hub looks): what the model is, how it was
-made, how well it answers and how to use it, from the run's configuration and figures."""
+"""The model card of a trained output_dir (README.md, where the Hub looks), from the run's configuration and figures."""
 import os
 import re
 from pathlib import Path
@@ -15,7 +14,6 @@ _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 
 def _front_matter(cfg: dict) -> list:
-    """The YAML header the Hub reads (task, library, base model, dataset)."""
     lines = ["---", "library_name: transformers", "pipeline_tag: question-answering",
              "tags: [question-answering, extractive-qa, squad]"]
     name = cfg.get("model_name_or_path") or ""
@@ -74,7 +72,6 @@ def _training_time(results: dict):
 
 
 def model_card(output_dir, results: dict, env: dict, device: str) -> str:
-    """The card's Markdown: the model, its data, recipe, scores and run, and how to ask it questions."""
     cfg, folder = env["config"], os.fspath(output_dir)
     world = int(env["distributed"].get("WORLD_SIZE", "1"))
     version = "SQuAD v2.0 (may answer that there is no answer)" if cfg.get("version_2_with_negative") else "SQuAD v1.1"

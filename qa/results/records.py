@@ -34,13 +34,8 @@ def _git_commit():
 
 
 def _versions():
-    out = {"python": platform.python_version()}
-    for name in ("torch", "transformers", "datasets", "accelerate", "tokenizers", "numpy"):
-        try:
-            out[name] = __import__(name).__version__
-        except ImportError:
-            out[name] = None
-    return out
+    names = ("torch", "transformers", "datasets", "accelerate", "tokenizers", "numpy")  # all dependencies: importable
+    return {"python": platform.python_version(), **{name: __import__(name).__version__ for name in names}}
 
 
 def _devices():
@@ -77,16 +72,12 @@ def save_split_metrics(output_dir, split: str, metrics: dict) -> None:
     output_dir = Path(output_dir)
     metrics = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}
     atomic_write_json(output_dir / f"{split}_results.json", metrics)
-    _merge_results(output_dir, metrics)
+    atomic_write_json(output_dir / "all_results.json", _all_results(output_dir, metrics))
 
 
-def _merge_results(output_dir: Path, metrics: dict, write: bool = True) -> dict:
-    """all_results.json updated with `metrics`, written (unless `write` is false) and returned."""
+def _all_results(output_dir: Path, metrics: dict) -> dict:
     path = output_dir / "all_results.json"
-    results = {**(read_json(path) if path.exists() else {}), **metrics}
-    if write:
-        atomic_write_json(path, results)
-    return results
+    return {**(read_json(path) if path.exists() else {}), **metrics}
 
 
 def device_name(env: dict) -> str:
@@ -96,7 +87,6 @@ def device_name(env: dict) -> str:
 
 
 def results_markdown(results: dict, env: dict) -> str:
-    """The run in a short table: the figures of the steps it ran, each with the data it read (none: no row)."""
     fmt, cfg = partial(number, results), env["config"]
     rows = [("model", cfg.get("model_name_or_path")), ("device", device_name(env)),
             ("world size", env["distributed"].get("WORLD_SIZE", "1")),
@@ -187,7 +177,6 @@ def _data_source(cfg: dict, split: str) -> str:
 
 
 def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
-    """The evaluations during training and the time to the target F1."""
     subset = cfg.get("eval_every_questions")
     rows = [("evaluations during training", f"{results['eval_during_training_count']}, every "
              f"{results.get('eval_during_training_interval_steps')} steps, on "
@@ -228,7 +217,7 @@ def communication_rows(results: dict, fmt) -> list:
 def finish_run(output_dir, wall_clock_seconds: float, env: dict, extra=None) -> dict:
     """all_results.json completed with the wall clock and `extra` (known only at the end), and results.md."""
     output_dir = Path(output_dir)
-    results = _merge_results(output_dir, {**(extra or {}), "WALL_CLOCK_SECONDS": round(wall_clock_seconds, 3)}, False)
+    results = _all_results(output_dir, {**(extra or {}), "WALL_CLOCK_SECONDS": round(wall_clock_seconds, 3)})
     write_generated_data(output_dir, env["config"])
     atomic_write_text(output_dir / "results.md", results_markdown(results, env))
     if env["config"].get("do_train"):  # a trained model: how to use it, beside it

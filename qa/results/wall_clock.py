@@ -1,7 +1,5 @@
-"""Where a run's wall clock goes: seconds per phase, from the process's start to its records, each phase timed by its
-own clock where the run does it (run_qa.py, the trainer, the compile warm-up). A phase timed inside another is taken
-out of the outer one, so no second counts twice: training is trainer.train() less the compile warm-up, evaluations
-and checkpoints saved inside it. What no clock covered is reported as `unaccounted`, not spread over the phases."""
+"""Where a run's wall clock goes, phase by phase (a job is paid for by its wall clock, not its training loop), no second
+counted twice: docs/telemetry.md, "Where the wall clock goes"."""
 import contextlib
 import time
 
@@ -47,7 +45,6 @@ class PhaseClock:
 
 
 def breakdown_lines(breakdown: dict, wall_clock_seconds: float) -> list:
-    """results.md's table of the phases the run went through, each with its share of the wall clock."""
     lines = ["", "## Where the wall clock went", "", "| phase | seconds | share |", "|---|---|---|"]
     for name in [*(p for p in PHASES if breakdown[p] > 0), "unaccounted"]:
         seconds = breakdown[name]

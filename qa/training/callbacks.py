@@ -40,9 +40,7 @@ def run_callbacks(run_args, training_args) -> dict:
 
 
 def install(trainer, callbacks, run_args) -> None:
-    """Adds `callbacks` after the Trainer's own (public API), bound first where they act on its model;
-    the console's log printer replaces the Trainer's unless --log_lines false; FSDP's reduction
-    dtype is set before train() wraps the model."""
+    """`callbacks` after the Trainer's own; FSDP's reduction dtype here, before train() wraps the model."""
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
     if run_args.fsdp_reduce_dtype != "auto" and plugin is not None:  # else idle, said by check_together
         set_fsdp_reduce_dtype(plugin, run_args.fsdp_reduce_dtype)

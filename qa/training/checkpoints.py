@@ -1,11 +1,6 @@
-"""Checkpoints, a run's one object for them: it chooses the checkpoint to resume from (open, once for all ranks),
-verifies it, records what its steps mean and marks a saved one complete (saving, around the trainer's save). A
-checkpoint counts once it holds COMPLETE_MARKER, written atomically after every rank saved its part, so a job killed
-while saving never resumes from a torn folder. The marker lists each file's size and xxh3-128 hash (qa/manifest.py):
-a file damaged later (a cut copy, a full disk) is caught before resuming, and the next newest checkpoint that
-verifies is used. It also records what the steps mean: a run whose settings would change that is refused before
-anything is written, as is one that would train no further than the checkpoint or the finished run of its folder (it
-would overwrite that run's results with those of a shorter one). docs/running.md, "Resuming"."""
+"""Checkpoints, a run's one object for them. A checkpoint counts once COMPLETE_MARKER, written after every rank saved,
+lists its files' sizes and hashes and what its steps mean: a job killed while saving, a file damaged since or a run
+with other settings never resumes it. What is refused, and why: docs/running.md, "Resuming"."""
 import contextlib
 import logging
 import re
@@ -16,7 +11,7 @@ from pathlib import Path
 
 from qa.distributed import on_main_rank
 from qa.errors import InputError
-from qa.io import atomic_write_json, give_new_file_modes, read_json, replacing, writing
+from qa.io import atomic_write_json, give_new_file_modes, read_record, replacing, writing
 from qa.manifest import check_files, record_files
 from qa.training.runlock import LOCK_NAME
 
@@ -30,14 +25,12 @@ _ASIDE = re.compile(r"^(previous|incomplete|damaged)-\d{8}-\d{6}$")  # what _mov
 
 
 def checkpoints(output_dir):
-    """[(step, path)] of the checkpoint folders in output_dir, oldest first."""
     folder = Path(output_dir)
     named = [(_NAME.match(p.name), p) for p in (folder.iterdir() if folder.is_dir() else [])]
     return sorted((int(m.group(1)), p) for m, p in named if m and p.is_dir())
 
 
 def _changes(recorded: dict, run: dict, keys) -> list:
-    """[(what, recorded value, this run's value)] for the `keys` that differ."""
     changed = []
     for key in keys:
         was, now = recorded.get(key), run.get(key)
@@ -49,19 +42,10 @@ def _changes(recorded: dict, run: dict, keys) -> list:
     return changed
 
 
-def _json(path) -> dict:
-    """The JSON object in `path`; {} when it is missing, unreadable, cut short or not an object."""
-    try:
-        found = read_json(path)
-    except InputError:
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def progress(folder):
     """(global_step, epoch) of the trainer_state.json in `folder`, or None. In a checkpoint: where it was
     saved; in an output_dir: where its training finished (Trainer.save_state, once it has)."""
-    state = _json(Path(folder) / "trainer_state.json")
+    state = read_record(Path(folder) / "trainer_state.json")
     try:
         return int(state["global_step"]), float(state["epoch"] or 0)
     except (KeyError, TypeError, ValueError):
@@ -75,13 +59,7 @@ def _trains_further(run: dict, done) -> bool:
     return (run["max_steps"] > step) if run["max_steps"] > 0 else (run["num_train_epochs"] > epoch + 1e-9)
 
 
-def _run_ended(output_dir) -> bool:
-    """The run of output_dir ended: its last act adds its wall clock to all_results.json (records.finish_run)."""
-    return "WALL_CLOCK_SECONDS" in _json(Path(output_dir) / "all_results.json")
-
-
 def finished_run_error(output_dir, done, why: str, longer: str = "") -> InputError:
-    """The refusal of a run that would overwrite the finished run `done` ((step, epoch)) of output_dir."""
     step, epoch = done
     return InputError(str(output_dir), f"holds a finished run (trained to step {step}, epoch {epoch:g}); {why}",
                       f"{longer}--resume never moves it to previous-<time>/ and starts afresh; to evaluate it, "
@@ -89,13 +67,11 @@ def finished_run_error(output_dir, done, why: str, longer: str = "") -> InputErr
 
 
 def _check_resume(checkpoint, run: dict, finished=None) -> bool:
-    """Before anything is written: InputError when resuming `checkpoint` with the record `run` would change what its
-    steps mean, or would train no further than it or than the finished run of its folder (`finished`: its progress);
-    one line for each change that stays allowed (another split of the same global batch, a longer training). False
-    when this run ends where the checkpoint is and its folder has no finished training: the training ended there and
-    its model never reached output_dir (a full disk or a kill while it was saved)."""
+    """Before anything is written: InputError when resuming `checkpoint` for the run `run` would change what its steps
+    mean, or train no further than it or the finished run of its folder (`finished`: its progress). False when the
+    training ended there but its model never reached output_dir (a full disk or a kill while it was saved)."""
     checkpoint = Path(checkpoint)
-    recorded = _json(checkpoint / COMPLETE_MARKER).get("run") or {}
+    recorded = read_record(checkpoint / COMPLETE_MARKER).get("run") or {}
     changed = "; ".join(f"{what} {was} (now {now})" for what, was, now in _changes(recorded, run, MEANING))
     if changed:
         raise InputError(str(checkpoint), f"its steps mean something else: {changed}",
@@ -129,8 +105,7 @@ class Checkpoints:
 
     @classmethod
     def open(cls, model_config, training_args, data_args, resume: str, train_examples):
-        """This run's checkpoints, the one to resume (`resume`) chosen on the main rank for every rank. A run that trains
-        records what its steps mean (MEANING), how it splits its batch and where it ends (MAY_CHANGE)."""
+        """This run's checkpoints, the one to resume chosen on the main rank (it moves folders) for every rank."""
         from qa.data.cache import table_digest
 
         opened, args = cls(training_args.output_dir), training_args
@@ -150,12 +125,9 @@ class Checkpoints:
         return opened
 
     def choose(self, resume: str, move: bool = True):
-        """The checkpoint to resume from, None for a fresh start; the main rank's alone (it moves folders). 'never':
-        none, the earlier run moved aside whole. 'auto': the newest complete checkpoint whose files verify (torn and
-        damaged newer ones moved aside; only damaged ones: InputError). Else the given folder, which must verify. It
-        must fit this run (_check_resume), and no run may overwrite a finished run of output_dir: all checked before
-        moving. output_dir itself when its training ended but its run did not, and this run trains no further.
-        `move` False (the check job, qa/check.py): the same answer and refusals, nothing moved or copied."""
+        """The checkpoint to resume from, None for a fresh start, output_dir itself when its training ended but its run
+        did not (docs/running.md, "Resuming"); every refusal comes before anything is moved. `move` False (the check
+        job, qa/check.py): the same answer and refusals, nothing moved or copied."""
         output_dir, run = self.output_dir, self.run
         if resume == "never":
             if move:
@@ -167,7 +139,9 @@ class Checkpoints:
             if finished:
                 raise finished_run_error(output_dir, finished, "a run that does not train would overwrite its results")
             return None
-        if finished and not _run_ended(output_dir) and not _trains_further(run, finished):
+        # The run's last act adds its wall clock to all_results.json (records.finish_run)
+        run_ended = "WALL_CLOCK_SECONDS" in read_record(Path(output_dir) / "all_results.json")
+        if finished and not run_ended and not _trains_further(run, finished):
             # Not from its last checkpoint: the Trainer checks its end after a step, so a resume there can train
             # one step past --max_steps. Without checkpoints (save_strategy no) there is only this model anyway.
             logger.warning("%s: the training ended (step %d) but not the run: evaluating the model it trained; the "
@@ -257,7 +231,7 @@ class Checkpoints:
     @staticmethod
     def verify(folder):
         """What is wrong with a complete checkpoint's files, in a few words, or None if they verify."""
-        files = _json(Path(folder) / COMPLETE_MARKER).get("files")
+        files = read_record(Path(folder) / COMPLETE_MARKER).get("files")
         if not isinstance(files, dict):  # unreadable, or a marker of an earlier version: nothing to verify against
             return f"its {COMPLETE_MARKER} lists no files to verify"
         return check_files(folder, files)

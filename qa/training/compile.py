@@ -1,6 +1,6 @@
-"""How a `--torch_compile` run compiles: the settings accelerate reads, sdpa attention that always gets its mask,
-a failed compilation that falls back to eager code, what has compiled so far (dynamo's counters), and the warm-up
-(`--compile_warmup`): a pass of every batch shape before the first step, so no compilation lands in a timed window."""
+"""How a `--torch_compile` run compiles: a cache shared across jobs, sdpa attention that always gets its mask, a
+failed compilation that falls back to eager code, and the warm-up (`--compile_warmup`), a pass of every batch shape
+before the first step, so no compilation lands in a timed window. docs/telemetry.md."""
 import inspect
 import itertools
 import logging
@@ -17,9 +17,8 @@ from transformers import AttentionInterface, AttentionMaskInterface, TrainerCall
 from transformers.masking_utils import sdpa_mask
 
 from qa.data.collate import feature_lengths
-from qa.errors import InputError
 from qa.evaluation.time_to_accuracy import rng_kept
-from qa.io import DISK_FULL, DiskFull, atomic_write_json, disk_full, read_json, refuses_writes
+from qa.io import DISK_FULL, DiskFull, atomic_write_json, disk_full, read_record, refuses_writes
 from qa.manifest import check_files, record_files
 
 logger = logging.getLogger(__name__)
@@ -31,11 +30,9 @@ SDPA_WITH_MASK = "sdpa_with_mask"
 
 
 def configure_compile(model_args, features_cache) -> None:
-    """--compile_dynamic and --compile_regional, as the ACCELERATE_DYNAMO_* variables from which accelerate's
-    TorchDynamoPlugin fills the fields the Trainer leaves unset; torch's compile caches (inductor's FX graphs,
-    AOTAutograd's, Triton's kernels) in --compile_cache_dir, or in the features cache: on a cluster both live on the
-    shared file system, where the next job, on any node, finds them (torch's default, /tmp, is per node and wiped).
-    torch writes each entry atomically; a file damaged since is removed first (drop_damaged), for torch to rebuild."""
+    """--compile_dynamic and --compile_regional as the ACCELERATE_DYNAMO_* variables (accelerate's TorchDynamoPlugin
+    fills from them what the Trainer leaves unset); torch's caches where the next job, on any node, finds them
+    (docs/telemetry.md, "Compiled code reused across jobs")."""
     cache = Path(model_args.compile_cache_dir or Path(features_cache) / "torch_compile").expanduser().resolve()
     if code := refuses_writes(cache):  # a cache is an optimisation: compiled without it, in torch's per-node default
         logger.warning("compile cache %s: %s: this run compiles without it", cache, DISK_FULL[code])
@@ -68,7 +65,7 @@ CACHE_RECORD = "verified.json"  # in the compile cache: each file's size and has
 def drop_damaged(cache: Path) -> None:
     """Removes the compile cache's files that no longer match their record (a cut copy, a file changed on the shared
     file system): torch recompiles a graph entry it cannot unpickle, but runs eagerly after a damaged module."""
-    recorded = _recorded(cache)
+    recorded = read_record(cache / CACHE_RECORD)
     damaged = [name for name, entry in recorded.items()
                if (cache / name).is_file() and check_files(cache, {name: entry}) is not None]
     for name in damaged:
@@ -79,24 +76,15 @@ def drop_damaged(cache: Path) -> None:
 
 
 def record_compile_cache() -> None:
-    """After a run whose compilation went well: the size and hash of every file in its compile cache, merged with
-    what other jobs recorded (a file another job adds meanwhile is simply not checked). What drop_damaged verified
-    at the start is not hashed again; files that went are forgotten."""
+    """After a run whose compilation went well: every file of the compile cache, for drop_damaged to check (a file
+    another job adds meanwhile is simply not checked); what drop_damaged verified is not hashed again."""
     cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    files = record_files(cache, skip=(CACHE_RECORD,), verified=_recorded(cache))
+    files = record_files(cache, skip=(CACHE_RECORD,), verified=read_record(cache / CACHE_RECORD))
     try:
         atomic_write_json(cache / CACHE_RECORD, {name: entry for name, entry in files.items()
                                                  if not name.startswith("locks/")})  # torch's lock files: rewritten
     except DiskFull as err:  # the cache as it was: the next job uses it, checked against the record it had
         logger.warning("compile cache %s: %s: what this run added is not recorded", cache, DISK_FULL[err.code])
-
-
-def _recorded(cache: Path) -> dict:
-    try:
-        recorded = read_json(cache / CACHE_RECORD)
-    except InputError:  # none yet, or unreadable: nothing to check against
-        return {}
-    return recorded if isinstance(recorded, dict) else {}
 
 
 def _sdpa_mask_always(*args, **kwargs):
@@ -151,11 +139,9 @@ _RECOMPILES = {"count": 0}
 
 
 def _count_recompile(start):
-    # Compile ids read 'frame/attempt' (torch._guards.CompileId): attempt n > 0 compiles a frame
-    # again because the guards of its earlier graphs failed (a new shape, a None for a tensor).
-    attempt = str(getattr(start, "compile_id", "")).rpartition("/")[2]
-    if getattr(getattr(start, "callback_trigger", None), "name", "") == "DYNAMO" and attempt.isdigit() \
-            and int(attempt) > 0:
+    # Compile ids read 'frame/attempt': attempt > 0 once the guards of the frame's graphs failed (a new shape)
+    attempt = str(start.compile_id).rpartition("/")[2]
+    if start.callback_trigger.name == "DYNAMO" and attempt.isdigit() and int(attempt) > 0:
         _RECOMPILES["count"] += 1
 
 
@@ -177,12 +163,10 @@ def compile_stats(since=None) -> dict:
              # a frame past the limit runs eagerly from then on; dynamo files it under the "unimplemented" counters
              "recompile_limit_hits": int(sum(n for msg, n in counters["unimplemented"].items()
                                              if "recompile limit" in msg.lower())),
-             # what came from the compile cache (compile_cache_dir) and what had to be compiled
              **{f"{name}_{outcome}": int(counters[kind].get(f"{name}_{outcome}", 0))
                 for kind, name in (("inductor", "fxgraph_cache"), ("aot_autograd", "autograd_cache"))
                 for outcome in ("hit", "miss")},
-             # seconds (torch's own timers, cache loads included): dynamo tracing frames, then the backends
-             # (AOTAutograd, inductor) compiling their graphs, the backward's when it first runs
+             # torch's own timers, cache loads included; a backward graph is compiled when it first runs
              "tracing_s": round(seconds("_compile.compile_inner") - seconds("OutputGraph.call_user_compiler"), 3),
              "compiling_s": round(seconds("OutputGraph.call_user_compiler") + seconds("backward._backward_impl"), 3)}
     return stats if since is None else {k: v - since[k] for k, v in stats.items()}
@@ -219,16 +203,14 @@ def forward_backward(trainer, model, batch: dict):
 
 
 def collate_rows(trainer, indices) -> dict:
-    """Training rows `indices` (the model's forward arguments only), collated by the run's collator, where it runs."""
     accepted = set(inspect.signature(trainer.model.forward).parameters)
     rows = [{k: v for k, v in trainer.train_dataset[int(i)].items() if k in accepted} for i in indices]
     return {k: v.to(trainer.args.device) for k, v in trainer.data_collator(rows).items()}
 
 
 def batch_shapes(lengths, batch_size: int, width_of, last_batch: int = 0) -> list:
-    """[(width, rows)]: one batch of each shape training can produce from features of token counts
-    `lengths`. A batch is `width_of(its longest feature)` wide (the collator's bucket); its rows come
-    from that bucket, repeated when it has fewer. `last_batch`: the epoch's last, smaller batch (0: none)."""
+    """[(width, rows)]: one batch of each shape training can produce from features of token counts `lengths`, each
+    `width_of(its longest feature)` wide (the collator's bucket); `last_batch`: the epoch's last, smaller one, or 0."""
     buckets = {}
     for index, length in enumerate(lengths):
         rows = buckets.setdefault(width_of(int(length)), [])

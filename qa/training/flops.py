@@ -73,10 +73,7 @@ def tf32_on() -> bool:
     """Whether float32 matmuls run in TF32 now, by the one reading that works whichever API set it."""
     import torch
 
-    try:
-        return torch.backends.cuda.matmul.fp32_precision == "tf32"
-    except AttributeError:  # torch < 2.9 has the legacy flag alone
-        return torch.backends.cuda.matmul.allow_tf32
+    return torch.backends.cuda.matmul.fp32_precision == "tf32"
 
 
 def settle_tf32() -> bool:
@@ -87,8 +84,7 @@ def settle_tf32() -> bool:
     import torch
 
     enable = tf32_on()
-    if hasattr(torch.backends, "fp32_precision"):  # torch >= 2.9
-        torch.backends.fp32_precision = "tf32" if enable else "ieee"
+    torch.backends.fp32_precision = "tf32" if enable else "ieee"
     torch.backends.cuda.matmul.allow_tf32 = enable
     torch.backends.cudnn.allow_tf32 = enable
     return enable

@@ -1,6 +1,5 @@
-"""Checkpoint on SIGTERM (SLURM's time limit or preemption; jobs/launch.sh forwards it) or Ctrl-C (SIGINT), every rank
-stopping at the same step; run_qa.py then exits with EXIT_INTERRUPTED or EXIT_CTRL_C (qa/errors.py), and a rerun
-(`--resume auto`) continues from it. A second Ctrl-C stops at once (KeyboardInterrupt: one line, qa.errors.command)."""
+"""Checkpoint on SIGTERM or Ctrl-C, every rank at the same step, so that a rerun continues from it:
+docs/slurm.md#time-limits-preemption-and-requeue, docs/running.md#ctrl-c."""
 import contextlib
 import logging
 import os
@@ -23,9 +22,8 @@ class Interrupted(Exception):
 
 @contextlib.contextmanager
 def interrupted_by_sigterm():
-    """SIGTERM raises Interrupted in this process for the duration of the block, so the run leaves with its
-    one line, its status and its lock given back. A process forked meanwhile (a DataLoader worker) keeps
-    SIGTERM's default action: ended, as before."""
+    """SIGTERM raises Interrupted in the block, so the run leaves with its one line, its status and its lock given
+    back; a process forked meanwhile (a DataLoader worker) is ended, as before."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -47,9 +45,8 @@ def interrupted_by_sigterm():
 
 
 def raise_again_if_lost(signum) -> None:
-    """A signal handler's exception raised where Python ignores exceptions (in a weakref callback: seen often under
-    torch) is lost, with a traceback; so it is not shown, and the signal comes again a second later, which the process
-    ignores by then if the exception went through (it is ending)."""
+    """A handler's exception raised where Python ignores exceptions (a weakref callback: often under torch) is lost,
+    with a traceback: so it is hidden, and the signal comes again a second later, ignored by then if it went through."""
     if sys.unraisablehook is not _lost:
         _lost.hook, sys.unraisablehook = sys.unraisablehook, _lost
     again = threading.Timer(1, os.kill, (os.getpid(), signum))
@@ -63,16 +60,10 @@ def _lost(unraisable):
 
 
 class CheckpointOnSignalCallback(TrainerCallback):
-    """On SIGTERM or Ctrl-C: finish the optimizer step under way, save a checkpoint, stop training. A rank that stopped
-    alone would leave the others waiting in a collective, so the ranks agree: every `check_steps` steps each starts
-    an all-reduce (MAX) of its flag without waiting, and reads it at the end of the next step, long since arrived
-    (reading at once would stall the device's stream). All stop at most check_steps + 1 steps after the signal; one
-    process checks at every step. Unlike transformers' `enable_jit_checkpoint` (each rank alone, at any step, and
-    train() returns as if finished), this is safe under DDP/FSDP and says training did not finish. After a Ctrl-C, the
-    next SIGINT or SIGTERM stops at once: torchrun, whose workers run in sessions of their own, passes the first Ctrl-C
-    on as SIGINT and a second as SIGTERM (torch 2.13); srun --pty passes each on as SIGINT."""
-
-    signals = (signal.SIGTERM, signal.SIGINT)
+    """A rank stopping alone would leave the others waiting in a collective (as transformers' `enable_jit_checkpoint`
+    does), so the ranks agree with an all-reduce started without waiting and read a step later, long since arrived:
+    reading at once would stall the device's stream (docs/slurm.md#time-limits-preemption-and-requeue). After a Ctrl-C
+    the next signal stops at once: torchrun passes a second Ctrl-C on as SIGTERM (docs/running.md#ctrl-c)."""
 
     def __init__(self, check_steps: int = 10):
         self.check_steps = max(int(check_steps), 1)
@@ -80,7 +71,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
         self.ctrl_c = False       # a Ctrl-C came: the next signal stops at once
         self.stopped_at = None    # global step at which training stopped on a signal
         self.agreements = 0       # all-reduces started (what the agreement cost)
-        self._pending = None      # an agreement under way: (work, value to read, device event)
+        self._pending = None      # an agreement under way: (its wait, the value to read)
         self._host = None         # pinned host memory the result of an agreement on a GPU lands in
         self._previous = {}
 
@@ -108,7 +99,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
         if getattr(args, "enable_jit_checkpoint", False):
             logger.warning("checkpoint on SIGTERM: replacing transformers' enable_jit_checkpoint handler "
                            "(its ranks checkpoint independently, which can hang DDP/FSDP)")
-        for sig in self.signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
             if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored from the start (a background job): stays so
                 self._previous[sig] = signal.signal(sig, self._handler)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -130,17 +121,14 @@ class CheckpointOnSignalCallback(TrainerCallback):
             self._host.copy_(flag, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-            self._pending = (None, self._host, done)
+            self._pending = (done.synchronize, self._host)
         else:
-            self._pending = (work, flag, None)
+            self._pending = (work.wait, flag)
 
     def _read_agreement(self) -> bool:
-        work, value, done = self._pending
+        wait, value = self._pending
         self._pending = None
-        if done is not None:
-            done.synchronize()
-        else:
-            work.wait()
+        wait()
         return bool(value.item())
 
     def _any_rank_received(self, args, step) -> bool:

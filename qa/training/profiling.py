@@ -1,7 +1,5 @@
-"""Profiling a few training steps with torch.profiler on process zero (`--profile_wait/_warmup/
-_active/_repeat`): each recorded cycle writes operators.txt, trace.json, memory.txt and profile.json
-under `output_dir/profile/`, with the share of the recorded steps' wall time the GPU was busy. It
-changes nothing computed; the recorded steps are slower."""
+"""torch.profiler on process zero over a bounded schedule, as the recorded steps are slower (docs/telemetry.md,
+"Profiling a few steps"); profile.json adds the share of the recorded steps' wall time the GPU was busy."""
 import json
 import logging
 from pathlib import Path
@@ -116,7 +114,7 @@ def device_busy(trace: dict) -> dict:
     """The share of the recorded steps' wall time in which the device ran anything: the union of its activity
     intervals over the span from the first step's start on the host to the last step's end or the device's last
     activity, whichever is later (the device runs behind the host). share None when the trace has no device."""
-    events = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace) if e.get("ph") == "X" and "dur" in e]
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     device = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in DEVICE_CATEGORIES)
     if not steps or not device:

@@ -56,7 +56,7 @@ class RunLock:
         self.path = os.path.join(self.output_dir, LOCK_NAME)
         self._text = None  # what this run writes into the lock
         self._stop = threading.Event()
-        self._made = False  # this run created the lock file
+        self._ours = False  # the lock file is this run's
 
     def acquire(self) -> None:
         folder = Path(os.path.abspath(self.output_dir))
@@ -65,10 +65,10 @@ class RunLock:
         self._text = json.dumps(me)
         while True:
             # A lock cut short by a full disk would hold the folder for STALE_AFTER_SECONDS: it goes, with its folders
-            with contextlib.suppress(FileExistsError), writing(self.output_dir, LOCK_NAME, undo=self._undo):
+            with contextlib.suppress(FileExistsError), writing(self.output_dir, LOCK_NAME, undo=self._remove):
                 folder.mkdir(parents=True, exist_ok=True)
                 with open(self.path, "x") as f:  # only if there is none: atomic
-                    self._made = True
+                    self._ours = True
                     f.write(self._text)
                 break
             seen, holder, age = self._read()  # so the folder existed: nothing to remove on refusal
@@ -93,16 +93,13 @@ class RunLock:
     def release(self) -> None:
         if self._text is not None:  # None on the other ranks
             self._stop.set()
-            if self._read()[0] == self._text:
-                os.unlink(self.path)
-            with contextlib.suppress(OSError):  # stops at a folder that is not empty: a run that wrote there keeps it
-                for folder in self._created:
-                    folder.rmdir()
+            self._ours = self._read()[0] == self._text  # not a lock another run took over
+            self._remove()
 
-    def _undo(self) -> None:
-        if self._made:
+    def _remove(self) -> None:
+        if self._ours:
             os.unlink(self.path)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # stops at a folder that is not empty: a run that wrote there keeps it
             for folder in self._created:
                 folder.rmdir()
 

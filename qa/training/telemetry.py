@@ -1,5 +1,5 @@
-"""Measuring a run's training: throughput, padding, MFU, memory and compilations, in one place.
-Units: seconds, GiB (2**30 bytes), FLOP/s; shares and MFU are fractions in [0, 1], not percent."""
+"""The training's measurements (docs/telemetry.md), in one place. Units: seconds, GiB (2**30 bytes), FLOP/s; shares
+and MFU are fractions in [0, 1], not percent."""
 import logging
 import resource
 import time
@@ -14,7 +14,6 @@ from qa.training.flops import gradient_size, matmul_precision, mfu, model_flops,
 logger = logging.getLogger(__name__)
 
 GIB = 2 ** 30
-PERF_PREFIX = "perf/"  # the TensorBoard callback files these under train/perf/*
 
 
 def train_throughput(metrics: dict, features, num_examples: int) -> dict:
@@ -38,7 +37,6 @@ def share(part, total):
 
 
 def padding_fraction(real_tokens, batch_tokens):
-    """Share of the token positions the model computed on that were padding."""
     return None if not batch_tokens else 1.0 - real_tokens / batch_tokens
 
 
@@ -53,9 +51,8 @@ def max_rss_gib():
 
 def perf_metrics(*, steps, samples, real_tokens, batch_tokens, flops, step_s, data_s,
                  peak_flops_per_s=None, world_size=1) -> dict:
-    """The figures of a stretch of training from rank 0's counts, over step_s + data_s, for the
-    whole job: DDP ranks step in lockstep on equal batches, so samples/s x world size is exact,
-    real tokens/s x world size an estimate. MFU is per device; None where unknown."""
+    """From rank 0's counts for the whole job: DDP ranks step in lockstep on equal batches, so samples/s x world size
+    is exact, real tokens/s x world size an estimate. MFU is per device; None where unknown."""
     busy = step_s + data_s
     per_device_flops = rate(flops, busy)
     return {
@@ -84,14 +81,12 @@ def autocast_precision(args, accelerator=None) -> str:
 
 
 def describe_training(args, model, optimizer=None, train_dataloader=None, accelerator=None) -> dict:
-    """The kernels, optimizer, sampler, collator and precision a run trains with, read from the
-    live objects the Trainer hands its callbacks and its accelerator (not from the arguments that asked)."""
-    config = getattr(getattr(model, "_orig_mod", model), "config", None)
+    """Read from the live objects the Trainer hands its callbacks and its accelerator, not the arguments that asked."""
+    config = getattr(model, "config", None)  # a compiled model's too
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the optimizer
-    loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
-    batch_sampler = getattr(loader, "batch_sampler", None)
+    batch_sampler = getattr(train_dataloader, "batch_sampler", None)  # accelerate's DataLoader passes it on
     sampler = getattr(getattr(batch_sampler, "batch_sampler", batch_sampler), "sampler", None)
-    sampler = sampler or getattr(loader, "sampler", None)
+    sampler = sampler or getattr(train_dataloader, "sampler", None)
     return {
         "attn_implementation": getattr(config, "_attn_implementation", None),
         "optimizer": type(inner).__name__ if inner is not None else None,
@@ -109,8 +104,7 @@ def describe_training(args, model, optimizer=None, train_dataloader=None, accele
 
 
 class _Counts:
-    """Counts since training began. The token counts of the batches stay on the device
-    (`pending`) until `snapshot()` reads them, so counting costs no synchronisation per step."""
+    """The batches' token counts stay on the device until `snapshot()` reads them: no synchronisation per step."""
     FIELDS = ("steps", "samples", "batch_tokens", "real_tokens", "sum_sq", "step_s", "data_s")
 
     def __init__(self):
@@ -119,7 +113,6 @@ class _Counts:
         self.pending = None  # device tensor [real tokens, sum of squared real lengths]
 
     def snapshot(self, since=None) -> dict:
-        """The counts, or what they grew by after `since` (an earlier snapshot)."""
         if self.pending is not None:
             real, sum_sq = (int(v) for v in self.pending.tolist())  # one device sync
             self.real_tokens, self.sum_sq, self.pending = self.real_tokens + real, self.sum_sq + sum_sq, None
@@ -127,18 +120,14 @@ class _Counts:
 
 
 class TelemetryCallback(TrainerCallback):
-    """Measures the training loop from the inside, on its own clock, which starts at the first optimizer step (a
-    compile warm-up, other callbacks, the DataLoader's start-up are outside it). `log_values`: the `perf/*` figures
-    since the last log entry; `summary`: the run's. Step time: `on_step_begin` to `on_step_end`; data time: from the
-    end of the previous step (or of the logging, evaluation, saving after it) to the next step's begin (the Trainer
-    synchronises with a GPU at every micro-step: host times track device times). A forward pre-hook counts each
-    batch's real tokens. Timed window (`timed_steps=(start, stop)`): the device is synchronised at the end of steps
-    `start` and `stop`, and the steps between are counted apart (`train_window_*`) with their compilations; with
-    `window_min_s` it stays open past `stop` until it has lasted that long (or training ends)."""
+    """The loop timed from the inside, on a clock that starts at the first optimizer step (a compile warm-up, other
+    callbacks, the DataLoader's start-up are outside it): step time from `on_step_begin` to `on_step_end`, data time
+    from the previous step's end (or the logging, evaluation, saving after it) to the next begin; host times track
+    device times, as the Trainer synchronises with a GPU at every micro-step. Timed window: docs/telemetry.md."""
 
     def __init__(self, peak_tflops=None, timed_steps=None, window_min_s=None):
         self.peak_tflops, self.timed_steps, self.window_min_s = peak_tflops, timed_steps, window_min_s
-        self._summary, self._hook, self._training, self._accelerator = {}, None, False, None
+        self._summary, self._hook, self._accelerator = {}, None, None  # the hook: while training
 
     def bind(self, trainer) -> None:  # its accelerator says which autocast, if any, the training steps run in
         self._accelerator = trainer.accelerator
@@ -150,12 +139,10 @@ class TelemetryCallback(TrainerCallback):
         self.precision, self.world_size = self.setup["matmul_precision"], self.setup["world_size"]
         self.peak, self.peak_source = peak_flops(device_name, self.precision, self.peak_tflops)
         self.shape, self.gradients = model_shape(model), gradient_size(model)
-        self.pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.counts, self.timed, self._peak_before_window = _Counts(), {}, 0
         self._logged = self.counts.snapshot()  # the counts at the last log entry
         compile_stats()  # from here on, recompilations are counted too
         self.train_start = self._mark = self._step_start = None
-        self._training = True
         if self._hook is not None:
             self._hook.remove()
         self._hook = model.register_forward_pre_hook(self._count_batch, with_kwargs=True)
@@ -163,14 +150,9 @@ class TelemetryCallback(TrainerCallback):
                     "n/a" if self.peak is None else f"{self.peak / 1e12:g} TFLOP/s", self.peak_source)
 
     def _count_batch(self, module, args, kwargs):
-        if not (self._training and module.training) or self._step_start is None:
+        if not module.training or self._step_start is None:
             return  # only the batches of optimizer steps
-        mask = kwargs.get("attention_mask")
-        if mask is None:
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            if ids is None:
-                return
-            mask = ids != self.pad_token_id if self.pad_token_id is not None else torch.ones_like(ids)
+        mask = kwargs["attention_mask"]  # the Trainer's batches always have it: every run's features do
         with torch.no_grad():
             lengths = mask.reshape(mask.shape[0], -1).to(torch.int64).sum(dim=1)
             counts = torch.stack([lengths.sum(), (lengths * lengths).sum()])
@@ -187,10 +169,9 @@ class TelemetryCallback(TrainerCallback):
             self.counts.data_s += self._step_start - self._mark
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._step_start is not None:
-            self.counts.step_s += time.perf_counter() - self._step_start
-            self.counts.steps += 1
-            self._step_start = None
+        self.counts.step_s += time.perf_counter() - self._step_start
+        self.counts.steps += 1
+        self._step_start = None
         if self.timed_steps is not None:
             self._timed_window(state.global_step)
         self._set_mark()
@@ -229,13 +210,12 @@ class TelemetryCallback(TrainerCallback):
                                "include compile time", self.timed["compiles"]["compiles"], start + 1, step)
 
     def log_values(self, logs: dict) -> dict:
-        """The `perf/*` figures of the steps since the last entry of the training loss, for that
-        entry (QuestionAnsweringTrainer adds them: TensorBoard, log_history, the console)."""
-        if not (self._training and "loss" in logs and self.counts.steps > self._logged["steps"]):
+        """For an entry of the training loss; QuestionAnsweringTrainer adds them to it (TensorBoard, the console)."""
+        if self._hook is None or "loss" not in logs or self.counts.steps <= self._logged["steps"]:
             return {}
         perf = {**self._perf(self.counts.snapshot(since=self._logged)), **self._memory()}
         self._logged = self.counts.snapshot()
-        return {PERF_PREFIX + k: _sig(v, 6) for k, v in perf.items() if v is not None}
+        return {"perf/" + k: _sig(v, 6) for k, v in perf.items() if v is not None}
 
     def _memory(self, window=False) -> dict:
         out = {"peak_rss_gib": max_rss_gib()}  # the host's peak has no reset: the process's
@@ -254,11 +234,10 @@ class TelemetryCallback(TrainerCallback):
                             data_s=c["data_s"], peak_flops_per_s=self.peak, world_size=self.world_size)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if not self._training:
+        if self._hook is None:
             return
         if self.timed.get("open") and state.global_step >= self.timed_steps[1]:
             self._timed_window(state.global_step, closing=True)  # stopped before its least duration
-        self._training = False
         self._hook.remove()
         self._hook = None
         wall = time.perf_counter() - (self.train_start or time.perf_counter())
@@ -323,5 +302,4 @@ class TelemetryCallback(TrainerCallback):
         return out
 
     def summary(self) -> dict:
-        """The run's totals, for train_results.json."""
         return dict(self._summary)
