@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,40 +40,6 @@ from utils_qa import PostProcessing, check_tokenizer, prepare_train_features, pr
 logger = logging.getLogger("run_qa")
 
 
-def select_examples(dataset, limit):
-    """The first `limit` questions: windows are made after this cut, so every kept question keeps them all."""
-    return dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
-
-
-def build_features(setup, split):
-    fn = prepare_train_features if split == "train" else prepare_validation_features
-    data, examples = setup.data_args, setup.examples[split]
-    params = dict(max_seq_length=data.max_seq_length, doc_stride=data.doc_stride,
-                  max_query_length=data.max_query_length, pad_to_max_length=data.pad_to_max_length)
-    features, hit = cached_features(
-        examples, setup.tokenizer, fn, params, cache_dir=setup.cache_root, num_proc=data.preprocessing_num_workers,
-        overwrite=data.overwrite_cache, main_process_first=setup.training_args.main_process_first,
-        desc=f"tokenizing {split}")
-    logger.info("%s: %d questions -> %d features (%s)", split, len(examples), len(features),
-                "cached" if hit else "tokenized")
-    return features
-
-
-@dataclass
-class RunSetup:
-    """What run() settles before anything is written, and the clock of its phases."""
-    model_args: object
-    data_args: object
-    run_args: object
-    training_args: object
-    model: object
-    tokenizer: object
-    examples: dict
-    checkpoints: Checkpoints
-    cache_root: Path
-    clock: PhaseClock
-
-
 def run(argv, callbacks=()):
     """`callbacks`: more for the Trainer, e.g. a benchmark's (bench/timed_run.py)."""
     clock = PhaseClock()
@@ -86,8 +52,7 @@ def run(argv, callbacks=()):
             say_verdict(err)
         raise
     model_args, data_args, run_args, training_args, explicit = parsed
-    # Reading should_log sets up the devices and, in a distributed run, the process group that finalize (the
-    # world size) and on_main_rank below need. Logging is configured first so that finalize's notes are shown.
+    # Reading should_log sets up the devices and process group that finalize needs; logging first shows its notes
     configure_logging(training_args.should_log)
     finalize(training_args, run_args, explicit)
     settle_tf32()  # as TrainingArguments left it, readable by both of torch's APIs (inductor reads the older)
@@ -97,8 +62,7 @@ def run(argv, callbacks=()):
         return check_job(parsed[:4], SimpleNamespace(load=lambda: load(*parsed[:4], clock), features=features_for,
                                                      trainer=trainer_for, out_of_memory=out_of_memory))
 
-    # One run per output folder: rank 0 takes its lock before anything is written there, every rank learns whether
-    # it got it; a folder the lock created goes again if load() refuses the input (qa.training.runlock).
+    # One run per output folder (qa.training.runlock): rank 0 locks it first; a folder it created goes if load() refuses
     lock = RunLock(training_args.output_dir)
     on_main_rank(lock.acquire)
     try:
@@ -107,9 +71,9 @@ def run(argv, callbacks=()):
         lock.release()
 
 
-def load(model_args, data_args, run_args, training_args, clock) -> RunSetup:
-    """The questions, the model and tokenizer, and the checkpoint to resume: everything that can still reject the
-    user's input; nothing is written."""
+def load(model_args, data_args, run_args, training_args, clock) -> SimpleNamespace:
+    """What run() settles before anything is written, and the clock of its phases: the questions, the model and
+    tokenizer, and the checkpoint to resume, everything that can still reject the user's input."""
     splits = [s for s, on in (("train", training_args.do_train), ("validation", training_args.do_eval),
                               ("test", training_args.do_predict)) if on]
     clock.since_start("startup")
@@ -117,7 +81,8 @@ def load(model_args, data_args, run_args, training_args, clock) -> RunSetup:
         raw = load_raw_datasets(data_args, splits=splits, cache_dir=model_args.cache_dir)
         limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
                   "test": data_args.max_predict_samples}
-        examples = {s: select_examples(raw[s], limits[s]) for s in raw}
+        # the first questions, cut before the windows are made: every kept question keeps them all
+        examples = {s: raw[s] if limits[s] is None else raw[s].select(range(min(limits[s], len(raw[s])))) for s in raw}
     cache_root = Path(data_args.features_cache_dir) if data_args.features_cache_dir else default_cache_dir()
     set_seed(training_args.seed)  # before loading: a new QA head is initialised at random
     def check(model, tokenizer):  # on the configuration, before the weights are read
@@ -135,8 +100,9 @@ def load(model_args, data_args, run_args, training_args, clock) -> RunSetup:
             model, tokenizer = load_model_and_tokenizer(
                 replace(model_args, model_name_or_path=training_args.output_dir, tokenizer_name=None),
                 work_dir=cache_root, training=False, compile=training_args.torch_compile)
-    return RunSetup(model_args, data_args, run_args, training_args, model, tokenizer, examples, checkpoints,
-                    cache_root, clock)
+    return SimpleNamespace(model_args=model_args, data_args=data_args, run_args=run_args, training_args=training_args,
+                           model=model, tokenizer=tokenizer, examples=examples, checkpoints=checkpoints,
+                           cache_root=cache_root, clock=clock)
 
 
 def finalize(training_args, run_args, explicit: set) -> None:
@@ -163,9 +129,19 @@ def finalize(training_args, run_args, explicit: set) -> None:
 def features_for(setup, train):
     """The features of the run's splits (train's only if it trains) and the collator that batches them."""
     args, data = setup.training_args, setup.data_args
+    params = dict(max_seq_length=data.max_seq_length, doc_stride=data.doc_stride,
+                  max_query_length=data.max_query_length, pad_to_max_length=data.pad_to_max_length)
     collator = default_data_collator
+    features = {}
     with setup.clock.phase("features"):
-        features = {s: build_features(setup, s) for s in setup.examples if s != "train" or train}
+        for split in [s for s in setup.examples if s != "train" or train]:
+            examples = setup.examples[split]
+            features[split], hit = cached_features(
+                examples, setup.tokenizer, prepare_train_features if split == "train" else prepare_validation_features,
+                params, cache_dir=setup.cache_root, num_proc=data.preprocessing_num_workers,
+                overwrite=data.overwrite_cache, main_process_first=args.main_process_first, desc=f"tokenizing {split}")
+            logger.info("%s: %d questions -> %d features (%s)", split, len(examples), len(features[split]),
+                        "cached" if hit else "tokenized")
         if not data.pad_to_max_length:  # dynamic padding, to a few lengths (qa/data/collate.py)
             collator = BucketPaddingCollator(setup.tokenizer, data.max_seq_length, data.pad_to_multiple_of,
                                              data.length_buckets)
@@ -221,17 +197,15 @@ def _train_and_evaluate(setup, extra_callbacks):
                 raise out_of_memory(args, err) from None
         stopped_at = callbacks["preemption"].stopped_at if "preemption" in callbacks else None
         if stopped_at is not None:
-            # Stopped on SIGTERM or Ctrl-C with checkpoint-N saved: unfinished, so no results are written;
-            # every rank leaves together, after the main one has marked the checkpoint complete.
+            # Stopped by a signal with checkpoint-N saved: no results; every rank leaves once the main one marked it
             trainer.accelerator.wait_for_everyone()
             cause, status = callbacks["preemption"].stopped_by()
             logger.warning("interrupted by %s (on this or another rank): checkpoint-%d saved in %s; "
                            "rerun (--resume auto) to continue", cause, stopped_at, out)
             return status
-        metrics = dict(result.metrics)
-        metrics.update(loss_figures(trainer.state.log_history, resumed, result.global_step))
-        metrics.update(train_throughput(metrics, features["train"], len(setup.examples["train"])))
-        metrics.update(summary([*callbacks.values(), *extra]))
+        metrics = {**result.metrics, **loss_figures(trainer.state.log_history, resumed, result.global_step),
+                   **train_throughput(result.metrics, features["train"], len(setup.examples["train"])),
+                   **summary([*callbacks.values(), *extra])}
         with setup.clock.phase("saving"):
             trainer.save_model()
             if main:
@@ -239,8 +213,7 @@ def _train_and_evaluate(setup, extra_callbacks):
                 if "time_to_accuracy" in callbacks:
                     atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks["time_to_accuracy"].record())
                 trainer.save_state()  # last: trainer_state.json in output_dir says the training ended (its progress)
-    # From here on the trained model and its records stay as they are whatever happens: a rerun of the same
-    # command evaluates that model without training (qa.training.checkpoints.Checkpoints.choose).
+    # From here on the trained model and its records stay: a rerun evaluates it without training (Checkpoints.choose)
     then = (f"the same command with it evaluates the model trained in {out}, without training again" if args.do_train
             else "rerun with it")
     try:
@@ -265,19 +238,18 @@ def _train_and_evaluate(setup, extra_callbacks):
 
 
 def _evaluate(trainer, features, examples, training_args, main, clock):
-    out = training_args.output_dir
     if training_args.do_eval:
         with clock.phase("final_evaluation"):
             metrics = trainer.evaluate()
             if main:
-                save_split_metrics(out, "eval", metrics)
+                save_split_metrics(training_args.output_dir, "eval", metrics)
         logger.info("eval: EM %.2f F1 %.2f", metrics.get("eval_exact_match", float("nan")),
                     metrics.get("eval_f1", float("nan")))
     if training_args.do_predict:
         with clock.phase("prediction"):
             _, metrics = trainer.predict(features["test"], examples["test"])
             if main:
-                save_split_metrics(out, "predict", metrics)
+                save_split_metrics(training_args.output_dir, "predict", metrics)
 
 
 def out_of_memory(args, error, then=None) -> InputError:

@@ -38,8 +38,7 @@ class QuestionAnsweringTrainer(Trainer):
         super().log(logs, start_time)
 
     def _get_train_sampler(self, train_dataset=None):
-        # Why: the Trainer measures every row (its copy of the dataset has lost `length` with the unused columns) or,
-        # kept (remove_unused_columns=False), reads the column row by row each epoch: seconds at SQuAD's size.
+        # Why: the Trainer measures each row (`length` is an unused column) or reads it row by row: seconds for SQuAD
         dataset, name = self.train_dataset, self.args.length_column_name
         if self.args.train_sampling_strategy == "group_by_length" and name in dataset.column_names:
             return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps,
@@ -52,8 +51,7 @@ class QuestionAnsweringTrainer(Trainer):
             return super()._get_eval_sampler(eval_dataset)
 
     def _save_checkpoint(self, model, trial):
-        # Why: the completion marker, once every rank has saved; the Trainer would delete old checkpoints
-        # (save_total_limit) before it, and a job killed in between keep no complete one: rotation comes after.
+        # Why: the marker once every rank has saved, rotation after it (before, a kill could leave no complete one)
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         with self.clock.phase("saving"), self.checkpoints.saving(folder, self.state.global_step, self.args.should_save):
             with attributes_set(self.args, save_total_limit=None):
@@ -65,8 +63,7 @@ class QuestionAnsweringTrainer(Trainer):
 
     def save_model(self, output_dir=None, _internal_call=False):
         # Why: a job killed while saving leaves no torn weights: a staging folder, then atomic renames into place.
-        # One run per folder (qa.training.runlock): what a killed save left in staging is this run's to clear, or
-        # its files that this save does not overwrite (another tokenizer's vocabulary) would be moved in too.
+        # A killed save's staging is this run's (qa.training.runlock) to clear, or its files would be moved in too.
         if _internal_call:  # a checkpoint: whole only once it has the marker
             return super().save_model(output_dir, _internal_call=True)
         target = output_dir or self.args.output_dir
@@ -86,8 +83,7 @@ class QuestionAnsweringTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
     def save_state(self):
-        # Why: the Trainer writes trainer_state.json in place, and in output_dir it says that the training ended: a
-        # full disk must leave it whole or absent (save_to_json is the Trainer's own format).
+        # Why: trainer_state.json in output_dir says the training ended: a full disk leaves it whole or absent
         if self.is_world_process_zero():
             with replacing(os.path.join(self.args.output_dir, "trainer_state.json")) as tmp:
                 self.state.save_to_json(tmp)
@@ -131,9 +127,8 @@ class QuestionAnsweringTrainer(Trainer):
             if "exact" in scores:  # v2 names it "exact"; one name for both versions downstream
                 scores = {"exact_match": scores["exact"], **scores}
             metrics.update({f"{prefix}_{k}": v for k, v in scores.items()})
-        batch = self.args.eval_batch_size * self.args.world_size
-        metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples,
-                                     num_steps=math.ceil(output.num_samples / batch)))
+        metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples, num_steps=math.ceil(
+            output.num_samples / (self.args.eval_batch_size * self.args.world_size))))
         metrics[f"{prefix}_examples"] = len(examples)
         metrics[f"{prefix}_predictions"] = len(predictions)  # answers written, one per question
         return predictions, metrics
@@ -158,14 +153,9 @@ def attributes_set(obj, **values):
 
 @contextlib.contextmanager
 def evaluated_during_training(trainer, questions=None):
-    """With `questions` (--eval_every_questions), the evaluations during training take the first that many
-    validation questions (else all of them); the final evaluation takes them all again."""
-    if questions is None:
-        yield
-        return
-    examples, features = first_questions(trainer.eval_examples, trainer.eval_dataset, questions)
+    """With `questions` (--eval_every_questions) evaluations during training take the first that many; the final all."""
+    examples, features = first_questions(trainer.eval_examples, trainer.eval_dataset, questions)  # all if None
     with attributes_set(trainer, eval_examples=examples, eval_dataset=features):
         yield
-    # Internal: with persistent workers the Trainer keeps its eval DataLoader under "eval" whatever the
-    # dataset, so the subset's loader would feed the final evaluation (fewer logits than features).
-    getattr(trainer, "_eval_dataloaders", {}).pop("eval", None)
+    if questions is not None:  # Internal: persistent workers keep the subset's loader as "eval", for the final one too
+        getattr(trainer, "_eval_dataloaders", {}).pop("eval", None)

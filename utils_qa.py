@@ -63,10 +63,11 @@ def truncate_questions(questions, tokenizer, max_query_length: int):
 
 
 def _tokenize(examples, tokenizer, max_seq_length, doc_stride, max_query_length, pad_to_max_length):
+    """(encoding, the example of each feature, the context's sequence id in a feature)."""
     check_tokenizer(tokenizer)
     questions = truncate_questions(examples["question"], tokenizer, max_query_length)
     first = question_first(tokenizer)
-    return tokenizer(
+    enc = tokenizer(
         *((questions, examples["context"]) if first else (examples["context"], questions)),
         truncation="only_second" if first else "only_first",
         max_length=max_seq_length,
@@ -74,10 +75,9 @@ def _tokenize(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
         return_overflowing_tokens=True,
         return_offsets_mapping=True,
         padding="max_length" if pad_to_max_length else False,
-        # Right, whatever the tokenizer's own side, as the dynamic path's collator pads: a label, an
-        # offset and a logit index the same token in every batch, and positions start at 0 as in pretraining.
-        padding_side="right",
+        padding_side="right",  # whatever the tokenizer's side, as the collator pads: token indices start at 0
     )
+    return enc, enc.pop("overflow_to_sample_mapping"), int(first)
 
 
 def answer_token_span(offsets, sequence_ids, start_char: int, end_char: int, context_id: int = 1):
@@ -87,37 +87,27 @@ def answer_token_span(offsets, sequence_ids, start_char: int, end_char: int, con
     last = len(sequence_ids) - 1 - sequence_ids[::-1].index(context_id)
     if offsets[first][0] > start_char or offsets[last][1] < end_char:
         return CLS_INDEX, CLS_INDEX
-    start = first
-    while start <= last and offsets[start][0] <= start_char:
-        start += 1
-    end = last
-    while end >= first and offsets[end][1] >= end_char:
-        end -= 1
+    start = next((t for t in range(first, last + 1) if offsets[t][0] > start_char), last + 1)
+    end = next((t for t in range(last, first - 1, -1) if offsets[t][1] < end_char), first - 1)
     return start - 1, end + 1
 
 
 def _labels(enc, sample_of, answers_of, context_id):
     """Start and end positions of every feature of `enc`."""
-    starts, ends = [], []
+    spans = []
     for i, sample in enumerate(sample_of):
         answers = answers_of[sample]
-        if not answers["answer_start"]:
-            span = CLS_INDEX, CLS_INDEX
-        else:
-            start_char = answers["answer_start"][0]
-            span = answer_token_span(enc["offset_mapping"][i], enc.sequence_ids(i), start_char,
-                                     start_char + len(answers["text"][0]), context_id)
-        starts.append(span[0])
-        ends.append(span[1])
-    return starts, ends
+        start = answers["answer_start"][0] if answers["answer_start"] else None
+        spans.append((CLS_INDEX, CLS_INDEX) if start is None else answer_token_span(
+            enc["offset_mapping"][i], enc.sequence_ids(i), start, start + len(answers["text"][0]), context_id))
+    return [span[0] for span in spans], [span[1] for span in spans]
 
 
 def prepare_train_features(examples, tokenizer, max_seq_length=384, doc_stride=128,
                            max_query_length=64, pad_to_max_length=True):
     """Batched: dict of lists (id, question, context, answers) -> training features."""
-    enc = _tokenize(examples, tokenizer, max_seq_length, doc_stride, max_query_length, pad_to_max_length)
-    sample_of = enc.pop("overflow_to_sample_mapping")
-    context_id = 1 if question_first(tokenizer) else 0  # the context's sequence id in a feature
+    enc, sample_of, context_id = _tokenize(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
+                                           pad_to_max_length)
     enc["start_positions"], enc["end_positions"] = _labels(enc, sample_of, examples["answers"], context_id)
     enc.pop("offset_mapping")
     return enc
@@ -127,22 +117,17 @@ def prepare_validation_features(examples, tokenizer, max_seq_length=384, doc_str
                                 max_query_length=64, pad_to_max_length=True, with_labels=None):
     """Batched: dict of lists -> evaluation features with `example_id` and context-only `offset_mapping`;
     with labels (default: when the examples carry answers) the model also reports an evaluation loss."""
-    enc = _tokenize(examples, tokenizer, max_seq_length, doc_stride, max_query_length, pad_to_max_length)
-    sample_of = enc.pop("overflow_to_sample_mapping")
-    context_id = 1 if question_first(tokenizer) else 0
-    with_labels = "answers" in examples if with_labels is None else with_labels
-    labels = _labels(enc, sample_of, examples["answers"], context_id) if with_labels else None
+    enc, sample_of, context_id = _tokenize(examples, tokenizer, max_seq_length, doc_stride, max_query_length,
+                                           pad_to_max_length)
     enc["example_id"] = [examples["id"][sample] for sample in sample_of]
-    for i, offsets in enumerate(enc["offset_mapping"]):
-        seq_ids = enc.sequence_ids(i)
-        enc["offset_mapping"][i] = [o if seq_ids[k] == context_id else None for k, o in enumerate(offsets)]
-    if labels:
-        enc["start_positions"], enc["end_positions"] = labels
+    if ("answers" in examples if with_labels is None else with_labels):  # labels need the offsets unmasked
+        enc["start_positions"], enc["end_positions"] = _labels(enc, sample_of, examples["answers"], context_id)
+    enc["offset_mapping"] = [[o if s == context_id else None for o, s in zip(offsets, enc.sequence_ids(i))]
+                             for i, offsets in enumerate(enc["offset_mapping"])]
     return enc
 
 
-# ---- Post-processing: the plain loop of the Hugging Face example (bench/postprocess_reference.py, the
-# specification, ties and fallbacks included), vectorised with numpy: the 10,784 dev features in under a second.
+# ---- Post-processing: the Hugging Face example's loop (bench/postprocess_reference.py, the specification), vectorised.
 _FALLBACK = (0.0, 0.0, 0.0, (0, 0))  # (score, start_logit, end_logit, char span): the empty answer
 
 
@@ -151,13 +136,6 @@ def _column(table, name) -> list:
     if hasattr(table, "with_format"):
         return table.with_format("arrow")[name].to_pylist()
     return list(table[name])
-
-
-def _offsets(features) -> pa.ListArray:
-    """The offset_mapping column as one Arrow array: per feature a list of [start, end] pairs or nulls."""
-    if hasattr(features, "with_format"):
-        return features.with_format("arrow")["offset_mapping"].combine_chunks()
-    return pa.array(features["offset_mapping"], type=pa.list_(pa.list_(pa.int64())))
 
 
 def check_inputs(ids, feature_example_ids, start_logits, end_logits, n_best_size) -> None:
@@ -220,14 +198,11 @@ def finish(context, ranked, null_score, version_2_with_negative, threshold):
 
 def collect(ids, outputs, version_2_with_negative, output_dir, prefix):
     """(predictions, nbest, null_odds) keyed by example id, written to output_dir when given."""
-    predictions = {i: out[0] for i, out in zip(ids, outputs)}
-    nbest = {i: out[1] for i, out in zip(ids, outputs)}
-    null_odds = {i: out[2] for i, out in zip(ids, outputs)} if version_2_with_negative else None
+    values = [{i: out[j] for i, out in zip(ids, outputs)} for j in range(3 if version_2_with_negative else 2)]
     if output_dir is not None:
-        values = (predictions, nbest, null_odds) if version_2_with_negative else (predictions, nbest)
         for name, value in zip(("predictions.json", "nbest_predictions.json", "null_odds.json"), values):
             atomic_write_json(os.path.join(output_dir, name if prefix is None else f"{prefix}_{name}"), value, indent=4)
-    return predictions, nbest, null_odds
+    return values[0], values[1], values[2] if version_2_with_negative else None
 
 
 def _offset_gather(column):
@@ -295,7 +270,8 @@ def rank_answers(examples, features, all_start_logits, all_end_logits, *, versio
     position = {example_id: x for x, example_id in enumerate(ids)}
     example_of = np.array([position[i] for i in feature_example_ids], dtype=np.int64)
     n_features, seq_len = start.shape
-    offsets = _offsets(features)
+    offsets = (features.with_format("arrow")["offset_mapping"].combine_chunks() if hasattr(features, "with_format")
+               else pa.array(features["offset_mapping"], type=pa.list_(pa.list_(pa.int64()))))  # [start, end] or null
     lengths, gather = _offset_gather(offsets)
     lengths = np.minimum(lengths, seq_len)
     warn_featureless(ids, np.bincount(example_of, minlength=len(ids)) == 0)
@@ -412,9 +388,8 @@ def _question_scores(prediction: str, golds: list, version_2: bool):
 def _questions(examples) -> list:
     """(id, gold answer texts) of flat examples: a datasets.Dataset, or dicts with "id" and "answers" =
     {"text": [...], ...}; for SQuAD v2.0 an empty text list means unanswerable."""
-    if hasattr(examples, "with_format"):  # a datasets.Dataset: whole columns, not row by row
-        table = examples.with_format("arrow")
-        return list(zip(table["id"].to_pylist(), [a["text"] for a in table["answers"].to_pylist()]))
+    if hasattr(examples, "with_format"):
+        return list(zip(_column(examples, "id"), [a["text"] for a in _column(examples, "answers")]))
     return [(example["id"], list(example["answers"]["text"])) for example in examples]
 
 
@@ -475,10 +450,8 @@ def _v2_scores(questions, predictions, na_probs=None, na_prob_thresh=1.0) -> col
         qids = [qid for qid, has in has_answer.items() if has is wanted]
         if qids:
             result.update((f"{prefix}_{key}", value) for key, value in _percentages(exact, f1, qids))
-    if na_probs is not None:
-        result["best_exact"], result["best_exact_thresh"] = _best_threshold(predictions, exact_raw, na_probs,
-                                                                            has_answer)
-        result["best_f1"], result["best_f1_thresh"] = _best_threshold(predictions, f1_raw, na_probs, has_answer)
+    for key, raw in (("exact", exact_raw), ("f1", f1_raw)) if na_probs is not None else ():
+        result[f"best_{key}"], result[f"best_{key}_thresh"] = _best_threshold(predictions, raw, na_probs, has_answer)
     return result
 
 

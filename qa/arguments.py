@@ -46,11 +46,9 @@ class Number:
     def describe(self) -> str:
         if self.steps_of:
             return f"{'' if self.open else '0, '}a fraction of {self.steps_of} below 1, or a whole number of steps"
-        ends = []
-        if math.isfinite(self.low):
-            ends.append(f"{'greater than' if self.open == 'low' else 'at least'} {_plain(self.low)}")
-        if math.isfinite(self.high):
-            ends.append(f"{'below' if self.open == 'high' else 'at most'} {_plain(self.high)}")
+        ends = [f"{strict if self.open == side else bound} {_plain(end)}" for side, end, strict, bound in
+                (("low", self.low, "greater than", "at least"), ("high", self.high, "below", "at most"))
+                if math.isfinite(end)]
         if len(ends) == 2 and not self.open:
             ends = [f"{'a whole number ' if self.whole else ''}from {_plain(self.low)} to {_plain(self.high)}"]
         return " or ".join([*map(_plain, self.also), " and ".join(ends) or "a finite number"])

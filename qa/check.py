@@ -127,12 +127,10 @@ def versions_and_devices(report, env, args, run_args) -> None:
     report.line("versions", f"Python {v['python']}, torch {v['torch']} (CUDA build {d['torch_cuda'] or 'none'}), "
                             f"transformers {v['transformers']}, accelerate {v['accelerate']}, datasets {v['datasets']}")
     gpus, granted = d["gpus"], granted_gpus()
-    problem = None
-    if granted and not gpus:
-        problem = InputError("GPUs", f"{granted} granted, but torch {v['torch']} sees none ({cuda_failure()})",
-                             "install the torch build for this node's driver (TORCH_CUDA=cuXYZ ./setup_bert.sh on "
-                             "the cluster, docs/slurm.md) and load its CUDA module in the environment file; or "
-                             "check the job's --gres")
+    problem = None if gpus or not granted else InputError(
+        "GPUs", f"{granted} granted, but torch {v['torch']} sees none ({cuda_failure()})", "install the torch build "
+        "for this node's driver (TORCH_CUDA=cuXYZ ./setup_bert.sh on the cluster, docs/slurm.md) and load its CUDA "
+        "module in the environment file; or check the job's --gres")
     seen = (f"{len(gpus)} x {gpus[0]['name']} ({gpus[0]['memory_gib']} GiB)" if gpus else
             f"none; the run trains on the CPU ({d['cpu_count']} cores)")
     report.line("GPUs", f"{seen}" + (f"; granted: {granted}" if granted else ""), problem)
@@ -224,7 +222,7 @@ def measure_and_predict(report, setup, stages) -> None:
         finally:
             args.output_dir = output_dir
     if report.problem is None:
-        predict(report, setup, features, plan, steps if train else (0, 1))
+        predict(report, setup, features, plan, steps)
 
 
 def job_steps(trainer) -> tuple:
@@ -292,15 +290,14 @@ def measure_training(report, trainer, telemetry, steps: int) -> None:
     window = telemetry.timed_steps is not None and s.get("train_window_complete")
     step_s = s["train_window_seconds"] / s["train_window_steps"] if window else wall / stop
     peak = s.get("train_window_peak_memory_gib") or s.get("train_peak_memory_gib")
-    report.measured.update(train_steps=stop, train_s=wall, step_s=step_s, peak_memory_gib=peak,
-                           samples_per_s=s.get("train_window_samples_per_second"),
+    rate = s.get("train_window_samples_per_second")
+    report.measured.update(train_steps=stop, train_s=wall, step_s=step_s, peak_memory_gib=peak, samples_per_s=rate,
                            compiles_in_window=s.get("train_window_compiles"))
     if trainer.args.device.type == "cuda" and peak:
         card = gib(torch.cuda.get_device_properties(trainer.args.device).total_memory)
         memory = f"peak GPU memory {peak:.1f} of {card:.1f} GiB ({peak / card:.0%})"
     else:
         memory = f"peak host memory {s.get('train_peak_rss_gib') or 0:.1f} GiB"
-    rate = s.get("train_window_samples_per_second")
     report.line("training", f"{stop} steps in {wall:.1f} s; from step {warm + 1}: {step_s:.3f} s a step"
                 + (f", {rate:.1f} samples/s" if rate else "") + f"; {memory}")
 
@@ -314,9 +311,8 @@ def measure_evaluation(report, trainer, examples, features) -> None:
         start = time.perf_counter()
         trainer.evaluate(eval_dataset=features, eval_examples=examples)
         seconds.append(time.perf_counter() - start)
-    per_feature = seconds[1] / len(features)
     report.measured.update(eval_questions=questions, eval_features=len(features), eval_first_s=seconds[0],
-                           eval_s=seconds[1], eval_s_per_feature=per_feature)
+                           eval_s=seconds[1], eval_s_per_feature=seconds[1] / len(features))
     report.line("evaluation", f"{questions} questions ({len(features)} features) in {seconds[1]:.1f} s "
                 f"({seconds[0]:.1f} s the first time)")
 
@@ -329,9 +325,8 @@ def predict(report, setup, features, plan, steps) -> None:
     if plan["eval_every"] is not None:  # time to accuracy: every interval and the last step; one evaluation a step
         evaluated |= acts("steps", eval_interval(plan["eval_every"], per_epoch), total_steps, per_epoch)
     during = len(evaluated)
-    questions = setup.run_args.eval_every_questions
-    during_features = len(first_questions(setup.examples["validation"], features["validation"], questions)[1]) \
-        if during else 0
+    during_features = len(first_questions(setup.examples["validation"], features["validation"],
+                                          setup.run_args.eval_every_questions)[1]) if during else 0
     rate = m["write_bytes_per_s"]
     p = dict.fromkeys(PHASES, 0.0)
     p.update({phase: clock[phase] for phase in ("startup", "data_loading", "model_loading", "compile_warmup")},
@@ -365,8 +360,7 @@ def write(report, output_dir, env) -> None:
               "command": env["command"], "checks": report.lines,
               "measured": {k: round(v, 4) if isinstance(v, float) else v for k, v in report.measured.items()},
               "predicted": report.predicted}
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(output_dir) / "check.json", record)
+    atomic_write_json(Path(output_dir) / "check.json", record)  # the folder too, if need be
     rows = [f"| {line['check']} | {line['text']}{' **' + line['problem'] + '**' if 'problem' in line else ''} |"
             for line in report.lines]
     phases = [f"| {name.replace('_', ' ')} | {seconds:.1f} |"

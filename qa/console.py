@@ -71,13 +71,10 @@ class LogLinesCallback(TrainerCallback):
 
 class LogLinesProgressCallback(ProgressCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not (state.is_world_process_zero and logs):
-            return
-        line = format_log(logs, state.global_step)
-        if self.training_bar is not None:
-            self.training_bar.write(line)
-        else:  # evaluation after training, which the Trainer's bar does not print at all
-            print(line, flush=True)
+        if self.training_bar is None:  # evaluation after training, which the Trainer's bar does not print at all
+            LogLinesCallback.on_log(self, args, state, control, logs)
+        elif state.is_world_process_zero and logs:
+            self.training_bar.write(format_log(logs, state.global_step))
 
 
 def log_lines_callback(training_args) -> TrainerCallback:
@@ -86,6 +83,5 @@ def log_lines_callback(training_args) -> TrainerCallback:
 
 def replace_log_printer(trainer, callback) -> None:
     """A Trainer with neither printer nor progress bar (a notebook's progress display) is left as it is."""
-    removed = [trainer.pop_callback(cls) for cls in (ProgressCallback, PrinterCallback)]
-    if any(removed):
+    if any([trainer.pop_callback(cls) for cls in (ProgressCallback, PrinterCallback)]):  # a list: both popped
         trainer.add_callback(callback)

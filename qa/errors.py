@@ -48,10 +48,10 @@ def require_packages(*names) -> None:
     missing = [name for name in names if importlib.util.find_spec(name) is None]
     if missing:
         found = environment_file()
+        fix = f"source {found}" if found else ("run ./setup_bert.sh (README.md, the two commands), then source the "
+                                               "file it names")
         sys.stderr.write(f"error: {sys.executable} has no {', '.join(missing)}: the project's environment is not "
-                         "active in this shell. Fix: " + (f"source {found}\n" if found else "run ./setup_bert.sh "
-                                                          "(README.md, the two commands), then source the file it "
-                                                          "names\n"))
+                         f"active in this shell. Fix: {fix}\n")
         sys.exit(EXIT_INPUT_ERROR)
 
 

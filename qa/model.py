@@ -40,8 +40,7 @@ def build_random_bert(folder: Path, shape: dict) -> Path:
         set_seed(0)  # the same weights whoever builds it
         model = BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size, **shape))
         tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
-        # Written by hand: once a process group exists, transformers 5's save_pretrained writes
-        # weights on global rank 0 only, and a rank 1 that got the lock first built an empty model.
+        # By hand: with a process group, transformers 5 saves weights on rank 0 alone (rank 1 would build an empty one)
         with writing(folder.parent, folder.name, undo=lambda: shutil.rmtree(tmp, ignore_errors=True)):
             tmp.mkdir(parents=True, exist_ok=True)
             model.config.save_pretrained(tmp)
@@ -116,7 +115,7 @@ def _check_loading(model, path: str, info: dict, training: bool, require_head: b
                          "give the output_dir of a finished training run (run_qa.py --do_train)")
     head_params = sum(p.numel() for name in head_modules for p in getattr(model, name).parameters())
     said = loading_message(info["missing_keys"], info["unexpected_keys"], head_modules, head_params, training)
-    if said is not None:
+    if said:
         logger.log(*said)
 
 
@@ -136,8 +135,7 @@ def load_model_and_tokenizer(model_args, work_dir: Path, training: bool = True, 
     tokenizer_path = resolve_model_path(model_args.tokenizer_name, work_dir) if model_args.tokenizer_name else path
     kwargs = dict(cache_dir=model_args.cache_dir, revision=model_args.model_revision)
     kernel = model_args.attn_implementation
-    # transformers' LOAD REPORT table, a warning of this logger, reads like a failure for a base BERT (no QA head yet,
-    # an unused pooler); _check_loading says in one line what the loading means instead.
+    # transformers' LOAD REPORT reads like a failure for a base BERT (no QA head yet): _check_loading says it in a line
     loading_logger = logging.getLogger("transformers.modeling_utils")
     loading_logger.addFilter(_not_load_report)
     try:

@@ -9,10 +9,11 @@ training time (evaluations during training left out) and wall clock (every part 
 windows/s, median time to the target F1 where the runs recorded one, the device and world size. With several world
 sizes (the scaling study): the global batch, the speedup and parallel efficiency against the 1-process recipe, the
 measured communication, and studies/scaling.py's sections (measured beside predicted, time to target) and speedup
-plot (compare_speedup.png). A resumed run's times cover its last part only: its F1 counts, its times do not. Every run that did not finish is listed with its reason, and every cell of a study that never started. Two
-recipes whose F1 ranges (min-max) overlap are within seed noise. Writes compare.md, compare.csv (a row per run),
-compare.json and compare.png (F1 against wall clock, a dot per run, a colour per recipe) into DIR (default: the
-first folder), each atomically. Exit status 0, or 2 with one line when no folder holds a run."""
+plot (compare_speedup.png). A resumed run's times cover its last part only: its F1 counts, its times do not. Every
+run that did not finish is listed with its reason, and every cell of a study that never started. Two recipes whose
+F1 ranges (min-max) overlap are within seed noise. Writes compare.md, compare.csv (a row per run), compare.json and
+compare.png (F1 against wall clock, a dot per run, a colour per recipe) into DIR (default: the first folder), each
+atomically. Exit status 0, or 2 with one line when no folder holds a run."""
 import argparse
 import csv
 import io
@@ -179,7 +180,8 @@ def markdown(rows, runs, folders, scaling_lines=()) -> str:
                  f"{r['device']} × {r['world_size']}" if r["device"] else "—"]
         if several:
             cells += [str(r["global_batch"] or "—"), _f(r["speedup"], 2),
-                      "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f} %", _med(r["busbw_GBps"], 2), _f(r["exposed_comm_s"] and r["exposed_comm_s"]["median"] * 1e3)]
+                      "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f} %", _med(r["busbw_GBps"], 2),
+                      _f(r["exposed_comm_s"] and r["exposed_comm_s"]["median"] * 1e3)]
         lines.append("| " + " | ".join(c.replace("|", "&#124;") for c in cells) + " |")
     lines += ["", "Standard deviation over the finished runs (n - 1); training time leaves the evaluations during "
               "training out; wall clock adds up every part of a requeued job. " + (
@@ -246,7 +248,8 @@ def build(folders, out: Path, use_slurm=True) -> dict:
     predicted, notes = scaling.predictions(rows, runs, base) if base else ([], [])
     if base:
         scaling.plot(rows, runs, base, out / OUT["speedup"])
-    atomic_write_text(out / OUT["md"], markdown(rows, runs, folders, scaling.markdown(rows, predicted, notes) if base else ()))
+    sections = scaling.markdown(rows, predicted, notes) if base else ()
+    atomic_write_text(out / OUT["md"], markdown(rows, runs, folders, sections))
     summary = {"folders": [str(f) for f in folders], "recipes": rows, "predictions": predicted,
                "runs": [{k: r.get(k) for k in ("name", "folder", "status", "reason", "seed", "recipe", "job_id",
                                                 "parts", "figures")} for r in runs]}

@@ -102,7 +102,8 @@ def is_run(folder: Path) -> bool:
 def recipe_key(env: dict) -> str:
     config = {k: v for k, v in (env.get("config") or {}).items() if k not in NOT_RECIPE}
     world = (env.get("distributed") or {}).get("WORLD_SIZE", "1")
-    return repr(sorted(config.items(), key=str)) + f"|world {world}|nodes {(env.get('slurm') or {}).get('SLURM_NNODES', 1)}"
+    nodes = (env.get("slurm") or {}).get("SLURM_NNODES", 1)
+    return repr(sorted(config.items(), key=str)) + f"|world {world}|nodes {nodes}"
 
 
 def read_run(folder: Path, slurm: Slurm) -> dict:

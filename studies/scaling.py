@@ -122,10 +122,10 @@ def markdown(rows, entries, notes) -> list:
     lines += [f"## Time to F1 {'/'.join(f'{t:g}' for t in targets)}", "",
               "| recipe | reached / finished | time to target s (median) | speedup to target | speedup |",
               "|---|---|---|---|---|"]
+    flag = f" **differ by more than {TARGET_DISAGREEMENT:.0%}**"
     lines += [f"| {r['recipe']} | {r['to_target_s']['n'] if r['to_target_s'] else 0} / {r['finished']} | "
               f"{_f(r['to_target_s'] and r['to_target_s']['median'])} | {_f(r['target_speedup'], 2)} | "
-              f"{_f(r['speedup'], 2)}{' **differ by more than ' + format(TARGET_DISAGREEMENT, '.0%') + '**' if r['target_disagrees'] else ''} |"
-              for r in rows]
+              f"{_f(r['speedup'], 2)}{flag if r['target_disagrees'] else ''} |" for r in rows]
     lines += ["", "Time to target: training seconds (evaluations left out) to the first evaluation at or above the "
               "target, interpolated from the one before (train_seconds_to_target_f1). Where the two speedups part, "
               "the recipe needs more (or fewer) steps to answer as well: a larger global batch, typically."]

@@ -46,12 +46,10 @@ def table_digest(dataset) -> str:
 
 def _tokenizer_digest(tokenizer) -> str:
     definition = json.loads(tokenizer.backend_tokenizer.to_str())
-    # Per-call state, set by each call from arguments the key holds as `params`: hashed, it made a
-    # split's key depend on what the process had tokenized before.
+    # per-call state, set from arguments the key holds as `params`: hashed, it made keys depend on earlier calls
     for key in ("truncation", "padding"):
         definition.pop(key, None)
-    # Settings outside the backend's definition that change the features (question/context order,
-    # where windows start, whether token_type_ids are made, padding and the CLS label).
+    # settings outside the backend's definition that change the features (order, windows, token_type_ids, CLS)
     definition["python_side"] = {
         "padding_side": tokenizer.padding_side,
         "truncation_side": tokenizer.truncation_side,
@@ -184,19 +182,14 @@ def _clean(cache_dir: Path) -> None:
             age = now - path.stat().st_mtime
         except OSError:  # removed by another cleaner meanwhile
             continue
-        if tmp:
-            # Only this node can tell whether one of its processes lives; another node's folder (or one whose
-            # pid was taken again) is judged by its age.
+        why = current = None
+        if tmp:  # only this node can tell whether its writer lives; elsewhere (or a pid taken again) age decides
             why = ("its writer died" if tmp["host"] == host and process_start(int(tmp["pid"])) is None
                    else "left for a day" if age > FOREIGN_TMP_S else None)
         elif version and age > KEEP_REPLACED_S:
-            try:
+            with suppress(ValueError):
                 current = _entry(cache_dir / f"{version['name']}.json")[0].name
-            except ValueError:
-                current = None
             why = "replaced" if current != path.name else None
-        else:
-            why = None
         if why and path.is_dir():
             logger.info("features cache: removing %s (%s)", path.name, why)
             shutil.rmtree(path, ignore_errors=True)

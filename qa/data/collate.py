@@ -30,11 +30,8 @@ class BucketPaddingCollator:
         self.buckets = length_buckets or ()
 
     def target_length(self, longest: int) -> int:
-        bucket = min((b for b in self.buckets if b >= longest), default=None)
-        if bucket is not None:
-            return bucket
         rounded = -(-longest // self.multiple) * self.multiple
-        return max(longest, min(rounded, self.max_seq_length))
+        return min((b for b in self.buckets if b >= longest), default=max(longest, min(rounded, self.max_seq_length)))
 
     def __call__(self, features):
         import torch
@@ -42,13 +39,11 @@ class BucketPaddingCollator:
         length = self.target_length(max(len(f["input_ids"]) for f in features))
         batch = {}
         for key, value in features[0].items():
-            if key == LENGTH_COLUMN:
-                continue
             if isinstance(value, (list, tuple, np.ndarray)) and isinstance(value[0], (int, np.integer)):
                 out = np.full((len(features), length), self.pad_values.get(key, 0), dtype=np.int64)
                 for i, f in enumerate(features):
                     out[i, :len(f[key])] = f[key]
                 batch[key] = torch.from_numpy(out)
-            elif isinstance(value, (int, np.integer)):  # bool too
+            elif isinstance(value, (int, np.integer)) and key != LENGTH_COLUMN:  # bool too
                 batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
         return batch

@@ -129,11 +129,10 @@ def _load_hub(name: str, config: Optional[str], cache_dir: Optional[str]):
         # Compute nodes have no internet: the dataset must be fetched on a login node first.
         why = "offline mode is on (HF_*_OFFLINE)" if offline else "the Hub cannot be reached"
         env = f"DATASET={name}" + (f" DATASET_CONFIG={config}" if config else "")
-        not_cache_dir = " and drop --cache_dir" if cache_dir else ""
         raise InputError(f"Hub dataset {name!r}", f"cannot be loaded: {why}, and the cache "
                          f"{cache_dir or datasets.config.HF_DATASETS_CACHE} lacks it", f"fetch it on a login node "
-                         f"(`{env} ./{SETUP_SCRIPT}`), source the env file it writes{not_cache_dir}; or pass "
-                         "--train_file / --validation_file"
+                         f"(`{env} ./{SETUP_SCRIPT}`), source the env file it writes"
+                         f"{' and drop --cache_dir' if cache_dir else ''}; or pass --train_file / --validation_file"
                          ) from exc
 
 

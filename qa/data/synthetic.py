@@ -67,8 +67,7 @@ KINDS = {
                "Y": ["When did {P} paint the gates of the {O}?", "In which year were the gates of the {O} painted?"],
                "P": ["Who painted the gates of the {O}?", "Who painted the gates of the {O} {K}?"]}),
 }
-# Relations close enough that a question about one might be answered from the other ("What
-# did X work as?" after "X moved to C to become a baker"): never used for unanswerable ones.
+# Kinds whose facts may answer each other's questions: an unanswerable question names people of other groups only.
 _GROUP = {"born": 1, "moved": 1, "house": 1, "travel": 1, "found": 2, "paint": 2}
 _FMT = string.Formatter()
 _SLOTS = {k: sorted({s for t in v[0] for _, s, _, _ in _FMT.parse(t) if s} - {"P"}) for k, v in KINDS.items()}
@@ -113,9 +112,7 @@ def _fill(template, values):
 
 
 def _fact(rng, kind, used, person=None):
-    values = {s: _fresh(rng, s, used) for s in _SLOTS[kind]}
-    values["P"] = person or _fresh(rng, "P", used)
-    return values
+    return {**{s: _fresh(rng, s, used) for s in _SLOTS[kind]}, "P": person or _fresh(rng, "P", used)}
 
 
 def _paragraph(rng, n_questions, v2, ids):

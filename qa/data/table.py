@@ -92,9 +92,8 @@ def table_from_nested(articles: list, path: str, require_answers: bool) -> Table
                 table.title.append(title)
                 table.context.append(context)
                 table.question.append(_text(_field(qa, "question", None, where)))
-                answers = {"text": [], "answer_start": []}
-                if "answers" in qa or require_answers:
-                    answers = _answers_from_value(_field(qa, "answers", list, where), where)
+                answers = (_answers_from_value(_field(qa, "answers", list, where), where)
+                           if "answers" in qa or require_answers else {"text": [], "answer_start": []})
                 if qa.get("is_impossible") and answers["text"]:
                     raise InputError(where, f"is marked is_impossible but has "
                                      f"{plural(len(answers['text']), 'answer')}",
@@ -123,8 +122,7 @@ def _field(obj, key: str, kind, where: str):
     return obj[key]
 
 
-def table_from_records(records: list, path: str, require_answers: bool, locate=None) -> Table:
-    locate = locate or Table.locate
+def table_from_records(records: list, path: str, require_answers: bool, locate=Table.locate) -> Table:
     for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise InputError(f"{path}, {locate(i)}", f"is a JSON {type(record).__name__}, not an object",
@@ -162,9 +160,7 @@ def table_from_columns(columns: dict, path: str, require_answers: bool, locate: 
 def _text(value) -> str:
     if type(value) is str:
         return value
-    if value is None or (isinstance(value, float) and value != value):  # None or NaN
-        return ""
-    return str(value)
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)  # None or NaN: ""
 
 
 def _answers_from_value(value, where: str) -> dict:
@@ -217,11 +213,10 @@ def _to_int(value, where: str) -> int:
 
 def read_table(path: str, require_answers: bool) -> Table:
     kind = file_kind(path)
-    if kind == "parquet":
-        return table_from_columns(_parse_parquet(read_bytes(path, WHAT), path), path, require_answers, _row)
+    if kind in ("parquet", "csv"):
+        columns = (_parse_parquet if kind == "parquet" else _parse_csv)(path)
+        return table_from_columns(columns, path, require_answers, lambda i: f"row {i + 1}")
     text = read_text(path, WHAT)
-    if kind == "csv":
-        return table_from_columns(_parse_csv(text, path), path, require_answers, _row)
     if kind == "json":
         if not text.strip():
             raise InputError(path, "is empty", "give a file with SQuAD data")
@@ -248,12 +243,8 @@ def file_kind(path: str) -> str:
                      "optionally gzip-compressed (a .gz suffix may follow)")
 
 
-def _row(i: int) -> str:
-    return f"row {i + 1}"
-
-
-def _parse_csv(text: str, path: str) -> dict:
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+def _parse_csv(path: str) -> dict:
+    reader = csv.reader(io.StringIO(read_text(path, WHAT), newline=""), strict=True)
     try:
         header = next(reader, [])
         rows = []
@@ -269,9 +260,10 @@ def _parse_csv(text: str, path: str) -> dict:
     return {name: [row[j] for row in rows] for j, name in enumerate(header)}
 
 
-def _parse_parquet(data: bytes, path: str) -> dict:
+def _parse_parquet(path: str) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
+    data = read_bytes(path, WHAT)
     try:
         return pq.read_table(pa.BufferReader(data)).to_pydict()
     except (pa.ArrowException, OSError) as exc:

@@ -72,8 +72,7 @@ def time_to_target(evaluations: list[dict], target: float) -> dict:
 
 
 class TimeToAccuracyCallback(TrainerCallback):
-    """Asks for an evaluation every `every` (eval_interval) and at the last step, and records each
-    on the training clock; every rank keeps the same record."""
+    """An evaluation every `every` (eval_interval) and at the last step, each on the training clock, on every rank."""
 
     def __init__(self, every: float, target_f1: float | None = None, tensorboard_dir: str | None = None):
         self.every, self.target_f1, self.tensorboard_dir = every, target_f1, tensorboard_dir

@@ -45,12 +45,11 @@ def _recipe(cfg: dict, world: int, results: dict) -> str:
     batch, accumulation = cfg.get("per_device_train_batch_size"), cfg.get("gradient_accumulation_steps") or 1
     length = (f"{cfg['max_steps']} steps" if (cfg.get("max_steps") or -1) > 0
               else f"{cfg.get('num_train_epochs'):g} epochs")
-    precision = trained_with(results, cfg)
     return (f"{length}, global batch {batch * world * accumulation} (per device {batch} x {world} process(es) x "
             f"accumulation {accumulation}), learning rate {cfg.get('learning_rate'):g}, warm-up "
-            f"{cfg.get('warmup_steps') or 0:g}, weight decay {cfg.get('weight_decay') or 0:g}, {precision}; windows of "
-            f"{cfg.get('max_seq_length')} tokens, stride {cfg.get('doc_stride')}, questions cut at "
-            f"{cfg.get('max_query_length')} tokens; seed {cfg.get('seed')}")
+            f"{cfg.get('warmup_steps') or 0:g}, weight decay {cfg.get('weight_decay') or 0:g}, "
+            f"{trained_with(results, cfg)}; windows of {cfg.get('max_seq_length')} tokens, stride "
+            f"{cfg.get('doc_stride')}, questions cut at {cfg.get('max_query_length')} tokens; seed {cfg.get('seed')}")
 
 
 def number(results: dict, key: str, unit: str = "", digits: int = 2):

@@ -46,9 +46,8 @@ class PhaseClock:
 
 def breakdown_lines(breakdown: dict, wall_clock_seconds: float) -> list:
     lines = ["", "## Where the wall clock went", "", "| phase | seconds | share |", "|---|---|---|"]
-    for name in [*(p for p in PHASES if breakdown[p] > 0), "unaccounted"]:
-        seconds = breakdown[name]
-        lines.append(f"| {name.replace('_', ' ')} | {seconds:.1f} | {seconds / wall_clock_seconds:.0%} |")
+    lines += [f"| {name.replace('_', ' ')} | {breakdown[name]:.1f} | {breakdown[name] / wall_clock_seconds:.0%} |"
+              for name in [*(p for p in PHASES if breakdown[p] > 0), "unaccounted"]]
     if "slowest_rank" in breakdown:
         other = breakdown["slowest_rank"]
         lines += ["", f"Rank {other['rank']} took longest: " + ", ".join(

@@ -19,10 +19,8 @@ def run_callbacks(run_args, training_args) -> dict:
     """{role: callback} for what the settings switch on."""
     out = {}
     if run_args.eval_every is not None:  # first: the time to accuracy counts the compile warm-up's time
-        tensorboard = "tensorboard" in (training_args.report_to or [])
-        out["time_to_accuracy"] = TimeToAccuracyCallback(
-            run_args.eval_every, run_args.target_f1,
-            tensorboard_dir=os.environ.get("TENSORBOARD_LOGGING_DIR") if tensorboard else None)
+        out["time_to_accuracy"] = TimeToAccuracyCallback(run_args.eval_every, run_args.target_f1, tensorboard_dir=(
+            os.environ.get("TENSORBOARD_LOGGING_DIR") if "tensorboard" in (training_args.report_to or []) else None))
     if run_args.telemetry:
         out["telemetry"] = TelemetryCallback(peak_tflops=run_args.peak_tflops, timed_steps=run_args.timed_steps(),
                                              window_min_s=run_args.telemetry_window_min_s)
@@ -56,10 +54,7 @@ def install(trainer, callbacks, run_args) -> None:
 
 def summary(callbacks) -> dict:
     """What the callbacks measured, for train_results.json."""
-    out = {}
-    for callback in callbacks:
-        out.update(getattr(callback, "summary", dict)())
-    return out
+    return {k: v for callback in callbacks for k, v in getattr(callback, "summary", dict)().items()}
 
 
 class TensorBoardEvents(TensorBoardCallback):
@@ -89,7 +84,6 @@ class TensorBoardEvents(TensorBoardCallback):
 
 
 def _said_by_the_next_write(hook_args):
-    # tensorboard's writer thread keeps its error for the next write on the main thread, which says it in one line:
-    # its own traceback would be a second report
+    # the error tensorboard's writer thread keeps is said in one line by the next write: its traceback would repeat it
     if not (type(hook_args.thread).__module__.startswith("tensorboard.") and disk_full(hook_args.exc_value)):
         _said_by_the_next_write.previous(hook_args)

@@ -212,7 +212,7 @@ class Checkpoints:
     @contextlib.contextmanager
     def saving(self, folder, global_step: int, writer: bool):
         """Around a checkpoint's save by every rank: incomplete while written, then marked complete by the `writer`.
-        A full disk ends the run with one line; the writer removes the torn folder (the space it took, for the rerun)."""
+        A full disk ends the run with one line; the writer removes the torn folder (its space, for the rerun)."""
         folder = Path(folder)
         with writing(folder.parent, folder.name, self.rerun(folder),
                      undo=lambda: writer and shutil.rmtree(folder, ignore_errors=True)):

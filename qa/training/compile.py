@@ -43,8 +43,7 @@ def configure_compile(model_args, features_cache) -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TRITON_CACHE_DIR"] = str(cache), str(cache / "triton")
     if int(os.environ.get("LOCAL_RANK") or 0) == 0:  # once per node: all ranks meet at a collective before compiling
         drop_damaged(cache)
-    # Python floats of the model (dropout rates, scales) as constants from the start: traced as symbols, they are
-    # specialized later and dynamo restarts the frame, whose first attempt no cache ever holds
+    # the model's floats (dropout, scales) as constants: as symbols, specialized later, the frame restarts uncached
     torch._dynamo.config.specialize_float = True
     dynamic = model_args.compile_dynamic
     if dynamic != "auto":
@@ -54,8 +53,7 @@ def configure_compile(model_args, features_cache) -> None:
     if dynamic == "false":
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
     else:
-        # Sizes equal when traced (48 features of 48 tokens) would share one symbol ("duck sizing"),
-        # and the graph would recompile at the first batch where they differ.
+        # no "duck sizing": sizes equal when traced (48 features of 48 tokens) would share a symbol, then recompile
         shapes.use_duck_shape = False
 
 
@@ -88,14 +86,12 @@ def record_compile_cache() -> None:
 
 
 def _sdpa_mask_always(*args, **kwargs):
-    # For sdpa transformers passes no mask when nothing is padding, and a layer compiled with a mask
-    # would recompile on the first such batch (2% of SQuAD features fill 384 tokens).
+    # sdpa gets no mask where nothing is padding: a layer compiled with one would recompile (2% of SQuAD fills 384)
     return sdpa_mask(*args, **{**kwargs, "allow_is_bidirectional_skip": False, "allow_is_causal_skip": False})
 
 
 def keep_mask_when_compiled(model) -> None:
-    """Switches a model on sdpa to the same attention with the mask always built (`sdpa_with_mask`);
-    eager, flash and flex attention build their masks their own way and are left alone."""
+    """A model on sdpa switched to the same attention with its mask always built; eager, flash, flex: left alone."""
     if model.config._attn_implementation == "sdpa":
         AttentionInterface.register(SDPA_WITH_MASK, AttentionInterface()["sdpa"])
         AttentionMaskInterface.register(SDPA_WITH_MASK, _sdpa_mask_always)
@@ -179,7 +175,8 @@ def compile_outcome() -> str:
     if COMPILE_FAILURES.reason is not None:
         return f"fell back: {COMPILE_FAILURES.reason}"
     if stats["recompile_limit_hits"]:
-        return f"fell back: the recompile limit was hit {stats['recompile_limit_hits']} time(s): those frames ran eagerly"
+        return (f"fell back: the recompile limit was hit {stats['recompile_limit_hits']} time(s): those frames ran "
+                "eagerly")
     failed = stats["compiles"] - stats["frames_compiled"]
     if failed:
         return f"fell back: {failed} of {stats['compiles']} frames failed to compile and ran eagerly"
@@ -232,8 +229,7 @@ def training_shapes(trainer) -> list:
 
 
 class CompileWarmupCallback(TrainerCallback):
-    """Before the first step, a pass of every batch shape training will produce; gradients are cleared and
-    random generators put back. `bind(trainer)` first."""
+    """Before step 1, a pass of every batch shape training will produce (gradients cleared, RNGs kept); `bind` first."""
 
     def __init__(self):
         self.trainer, self.record = None, {}
@@ -255,8 +251,7 @@ class CompileWarmupCallback(TrainerCallback):
         self.record = {"compile_warmup_shapes": [[len(rows), width] for width, rows in shapes],
                        "compile_warmup_s": round(seconds, 3),
                        "compile_warmup_compiles": compiled.get("compiles"),
-                       "compile_warmup_tracing_s": round(compiled["tracing_s"], 3),
-                       "compile_warmup_compiling_s": round(compiled["compiling_s"], 3),
+                       **{f"compile_warmup_{k}": round(compiled[k], 3) for k in ("tracing_s", "compiling_s")},
                        "compile_warmup_recompiles": compiled.get("recompiles")}
         logger.info("compile warm-up: %d batch shapes (batch x width) in %.1f s, %s compilations", len(shapes),
                     seconds, compiled.get("compiles"))

@@ -37,8 +37,7 @@ def model_flops(non_embedding_params, layers, hidden, real_tokens, sum_sq_length
     return 6 * non_embedding_params * real_tokens + 12 * layers * hidden * sum_sq_lengths
 
 
-# Dense peak TFLOP/s per GPU from NVIDIA's data sheets, by matmul precision. The first pattern matching
-# the lower-cased torch.cuda.get_device_name() wins, so specific variants come first.
+# Dense peak TFLOP/s per GPU (NVIDIA's data sheets); the first pattern matching the lower-case name wins: variants first
 PEAK_TFLOPS = (
     (r"gh200", "GH200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
     (r"h200 nvl", "H200 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
@@ -60,8 +59,7 @@ PEAK_TFLOPS = (
 
 
 def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
-    """The precision the matrix multiplications run in: 'bf16', 'fp16', 'tf32' or 'fp32'.
-    `tf32`: TrainingArguments.tf32; None asks torch (its default for matmuls is full fp32)."""
+    """The matmuls' precision: 'bf16', 'fp16', 'tf32' or 'fp32'; `tf32` (TrainingArguments.tf32) None asks torch."""
     if bf16:
         return "bf16"
     if fp16:
@@ -124,8 +122,7 @@ def device_precision(capability, bf16: bool, tf32, fp16: bool = False, on_cpu: b
 
 
 def peak_flops(device_name, precision, override_tflops=None):
-    """-> (peak FLOP/s or None, where the figure comes from); `override_tflops` (--peak_tflops) wins.
-    None for a CPU (device_name None) and for a MIG slice, whose share of the card's peak is unknown."""
+    """-> (peak FLOP/s or None: a CPU, a MIG slice, an unknown card; where it comes from); `override_tflops` wins."""
     if override_tflops:
         return override_tflops * 1e12, f"--peak_tflops {override_tflops:g}"
     if not device_name:

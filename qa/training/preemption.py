@@ -113,8 +113,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
         work = torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, async_op=True)
         self.agreements += 1
         if flag.is_cuda:
-            # The host copy is queued right behind the collective, and an event marks it: reading
-            # waits for these alone, not for the steps queued after them.
+            # The host copy is queued behind the collective, with an event: reading waits for them, not later steps
             work.wait()  # the current stream waits for the collective; the host does not
             if self._host is None:
                 self._host = torch.empty(1, dtype=torch.int32, pin_memory=True)  # allocated once: it is slow

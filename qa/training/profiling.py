@@ -59,10 +59,9 @@ class ProfilerCallback(TrainerCallback):
                            "(--profile_wait %d + --profile_warmup %d); nothing was written",
                            state.global_step, self.wait, self.warmup)
 
-    def _stop(self):
-        if self.prof is not None:
-            prof, self.prof = self.prof, None
-            prof.stop()
+    def _stop(self):  # both callers checked that it profiles
+        prof, self.prof = self.prof, None
+        prof.stop()
 
     def summary(self) -> dict:
         if not self.cycles:
