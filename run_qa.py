@@ -54,11 +54,12 @@ def run(argv, callbacks=()):
     model_args, data_args, run_args, training_args, explicit = parsed
     # Reading should_log sets up the devices and process group that finalize needs; logging first shows its notes
     configure_logging(training_args.should_log)
-    finalize(training_args, run_args, explicit)
+    settings = finalize(training_args, run_args, explicit)  # said once nothing can refuse the run any more
     settle_tf32()  # as TrainingArguments left it, readable by both of torch's APIs (inductor reads the older)
     if run_args.check:  # nothing of a run is written: no lock, no checkpoint, no results
         from qa.check import check_job
 
+        say(settings)
         return check_job(parsed[:4], SimpleNamespace(load=lambda: load(*parsed[:4], clock), features=features_for,
                                                      trainer=trainer_for, out_of_memory=out_of_memory))
 
@@ -66,7 +67,9 @@ def run(argv, callbacks=()):
     lock = RunLock(training_args.output_dir)
     on_main_rank(lock.acquire)
     try:
-        return _train_and_evaluate(load(model_args, data_args, run_args, training_args, clock), callbacks)
+        setup = load(model_args, data_args, run_args, training_args, clock)
+        say(settings)
+        return _train_and_evaluate(setup, callbacks)
     finally:
         lock.release()
 
@@ -105,25 +108,31 @@ def load(model_args, data_args, run_args, training_args, clock) -> SimpleNamespa
                            cache_root=cache_root, clock=clock)
 
 
-def finalize(training_args, run_args, explicit: set) -> None:
+def finalize(training_args, run_args, explicit: set) -> list:
     """The run's defaults unlike transformers': TensorBoard into output_dir, progress bars on a terminal only, no DDP
-    search for unused parameters (BERT-QA uses all), --global_batch split over the world (the process group is up)."""
+    search for unused parameters (BERT-QA uses all), --global_batch split over the world (the process group is up);
+    -> the lines that say the batch."""
     if "report_to" not in explicit:
         training_args.report_to = ["tensorboard"]
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(training_args.output_dir, "runs"))
     configure_output(training_args, explicit)
     if "ddp_find_unused_parameters" not in explicit and not training_args.fsdp:
         training_args.ddp_find_unused_parameters = False
-    world, configured = training_args.world_size, training_args.per_device_train_batch_size
+    world, configured, lines = training_args.world_size, training_args.per_device_train_batch_size, []
     if run_args.global_batch is not None:
         batch, accumulation = split_global_batch(run_args.global_batch, world, configured)
-        logger.info("global_batch %d over %d processes: per-device batch %d (configured %d) x gradient accumulation "
-                    "%d", run_args.global_batch, world, batch, configured, accumulation)
+        lines.append(f"global_batch {run_args.global_batch} over {world} processes: per-device batch {batch} "
+                     f"(configured {configured}) x gradient accumulation {accumulation}")
         training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch, accumulation
     batch, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
-    logger.info("global batch %d = per-device %d x world size %d x gradient accumulation %d; learning rate %s (not "
-                "scaled with the batch)", batch * world * accumulation, batch, world, accumulation,
-                training_args.learning_rate)
+    return lines + [f"global batch {batch * world * accumulation} = per-device {batch} x world size {world} x gradient "
+                    f"accumulation {accumulation}; learning rate {training_args.learning_rate} (not scaled with the "
+                    "batch)"]
+
+
+def say(lines) -> None:
+    for line in lines:
+        logger.info(line)
 
 
 def features_for(setup, train):

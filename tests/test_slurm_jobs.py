@@ -359,7 +359,7 @@ def test_global_batch_must_divide():
                                "multiple of 2 (e.g. 4 or 6)")
 
 
-def test_run_resolves_global_batch_and_its_defaults(caplog, tmp_path, monkeypatch):
+def test_run_resolves_global_batch_and_its_defaults(tmp_path, monkeypatch):
     """What the launcher did in the shell is the run's own: --global_batch split at start (logged on
     the main process with the learning rate), and DDP's search for unused parameters off unless given."""
     from qa.arguments import parse_args
@@ -371,11 +371,10 @@ def test_run_resolves_global_batch_and_its_defaults(caplog, tmp_path, monkeypatc
     base = ["--model_name_or_path", "bundled:tiny-bert", "--do_train", "--use_cpu", "true", "--report_to", "none",
             "--per_device_train_batch_size", "12", "--learning_rate", "3e-5", "--output_dir", str(tmp_path / "out")]
     _, _, run_args, training_args, explicit = parse_args(base + ["--global_batch", "96"])
-    with caplog.at_level("INFO", logger="run_qa"):
-        finalize(training_args, run_args, explicit)
+    said = finalize(training_args, run_args, explicit)  # the run logs them once nothing refuses it
     assert (training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps) == (12, 8)
     assert training_args.ddp_find_unused_parameters is False
-    assert caplog.messages[-2:] == [
+    assert said == [
         "global_batch 96 over 1 processes: per-device batch 12 (configured 12) x gradient accumulation 8",
         "global batch 96 = per-device 12 x world size 1 x gradient accumulation 8; learning rate 3e-05 (not scaled "
         "with the batch)"]
