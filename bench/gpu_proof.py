@@ -402,7 +402,6 @@ def run(args) -> int:
     if mode == "gpu" and not torch.cuda.is_available():
         raise InputError("bench/gpu_proof.py", "no GPU is visible (torch.cuda.is_available() is False)",
                          "run it on a GPU node, or pass --cpu for the rehearsal")
-    dev = require_squad_dev(args.dev)
     results = args.results or (RESULTS if mode == "gpu" else None)
     if results is None:
         raise InputError("--results", "the CPU rehearsal has no committed results", "give a folder with --results")
@@ -410,6 +409,7 @@ def run(args) -> int:
     for piece in wanted:
         if piece not in PIECES:
             raise InputError("--pieces", f"unknown piece {piece!r}", f"choose from {', '.join(PIECES)}")
+    dev = require_squad_dev(args.dev)  # after the arguments' own checks: a wrong flag is said first
     done = finished(results)
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu-proof-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
