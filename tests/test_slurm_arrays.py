@@ -31,7 +31,7 @@ def sbatch(cluster, cwd, env_file, *args) -> str:
 
 
 def wait_array(cluster, array, timeout=900, on_tick=None):
-    """Until no task of the array is queued or running."""
+    """Until no task of the array is queued or running; a tick every 0.2 s for `on_tick`, which may race a run."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if on_tick:
@@ -39,7 +39,7 @@ def wait_array(cluster, array, timeout=900, on_tick=None):
         r = cluster.run("squeue", "-h", "-r", "-j", array, "-o", "%i %T", check=False)
         if r.returncode == 0 and not r.stdout.strip():
             return
-        time.sleep(1)
+        time.sleep(0.2 if on_tick else 1)
     raise TimeoutError(f"array {array} not done after {timeout} s: {r.stdout}")
 
 
@@ -67,8 +67,9 @@ def env_file(tmp_path_factory):
 @pytest.mark.slow  # a real local SLURM cluster
 def test_array_tasks_own_seed_and_folder_and_one_requeued(slurm_cluster, env_file, tmp_path):
     out = tmp_path / "runs"
+    # 3 epochs: on an idle machine one trains in 2 s, over before a tick could see checkpoint-10
     array = sbatch(slurm_cluster, tmp_path, env_file, "--array=1-3%2", str(REPO / "job_ft3.sh"), CONFIG,
-                   "--output_dir", str(out))
+                   "--output_dir", str(out), "--num_train_epochs", "3")
     requeued = []
 
     def preempt_task_2():   # once task 2 has a checkpoint: SIGTERM and back to the queue, by SLURM itself
