@@ -111,7 +111,6 @@ def recipes(runs) -> list:
             row[name] = spread(f[name] for f in timed)  # a resumed run's times cover its last part only
         row["target_f1"] = sorted({f["target_f1"] for f in done if f["target_f1"] is not None})
         out.append(row)
-    add_speedups(out)
     return sorted(out, key=lambda r: (r["world_size"] or 0, r["f1"] is None, -(r["f1"] or {}).get("mean", 0)))
 
 
@@ -123,13 +122,14 @@ def baseline(rows):
     return None
 
 
-def add_speedups(rows) -> None:
-    """Each recipe's median training time against the baseline's."""
+def add_speedups(rows):
+    """Each recipe's median training time against the baseline's; -> the baseline (None: one world size)."""
     base = baseline(rows)
     for r in rows:
         r["speedup"] = base["training_s"]["median"] / r["training_s"]["median"] if base and r["training_s"] else None
         r["efficiency"] = r["speedup"] / r["world_size"] if r["speedup"] else None
     scaling.add_target_speedups(rows, base)
+    return base
 
 
 def noise(rows) -> list:
@@ -238,17 +238,18 @@ def write_csv(runs, path) -> None:
 def build(folders, out: Path, use_slurm=True) -> dict:
     runs = collect(folders, Slurm(use_slurm))
     rows = recipes(runs)
+    base = add_speedups(rows)
     for row in rows:
         for r in runs:
             if r["name"] in row["runs"]:
                 r["recipe"] = row["recipe"]
     plot(runs, rows, out / OUT["png"])
     write_csv(runs, out / OUT["csv"])
-    base = baseline(rows)
-    predicted, notes = scaling.predictions(rows, runs, base) if base else ([], [])
-    if base:
+    predicted, sections = [], ()
+    if base:  # the scaling study's part
+        predicted, notes = scaling.predictions(rows, runs, base)
+        sections = scaling.markdown(rows, predicted, notes)
         scaling.plot(rows, runs, base, out / OUT["speedup"])
-    sections = scaling.markdown(rows, predicted, notes) if base else ()
     atomic_write_text(out / OUT["md"], markdown(rows, runs, folders, sections))
     summary = {"folders": [str(f) for f in folders], "recipes": rows, "predictions": predicted,
                "runs": [{k: r.get(k) for k in ("name", "folder", "status", "reason", "seed", "recipe", "job_id",

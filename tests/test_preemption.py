@@ -151,17 +151,24 @@ def _start(cmd, env, log):
                                 preexec_fn=_as_in_a_terminal)
 
 
+def _ctrl_c(proc, log, *ready, timeout=300):
+    """A Ctrl-C each time the next of `ready` ((what, condition)) is met; -> the exit status."""
+    try:
+        for what, condition in ready:
+            _wait(condition, proc, what, log)
+            proc.send_signal(signal.SIGINT)
+        return proc.wait(timeout=timeout)
+    finally:
+        proc.kill()
+
+
 def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path, tmp_path_factory):
     """Ctrl-C in training: the step under way ends, its checkpoint is saved and marked complete, the run says so and
     how to go on, and ends with 130 without a traceback; the same command (longer here) resumes from that step."""
     env, out, log = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt"
     proc = _start([sys.executable, str(REPO / "run_qa.py"), *LONG, "--output_dir", str(out)], env, log)
-    try:
-        _wait(lambda: '"step": 5,' in log.read_text(), proc, "logged step 5", log)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=300) == EXIT_CTRL_C, log.read_text()[-3000:]
-    finally:
-        proc.kill()
+    status = _ctrl_c(proc, log, ("logged step 5", lambda: '"step": 5,' in log.read_text()))
+    assert status == EXIT_CTRL_C, log.read_text()[-3000:]
     text = log.read_text()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     assert "Ctrl-C: stopping with a checkpoint at a step's end; Ctrl-C again stops at once, unsaved" in text
@@ -183,14 +190,9 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line(tmp_path, tmp_path_factory)
     env, out, log, flag = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt", tmp_path / "paused"
     proc = _start([sys.executable, "-m", "tests.eval_hooks", "pause_training", str(flag), "--", *LONG,
                    "--output_dir", str(out)], env, log)
-    try:
-        _wait(lambda: Path(f"{flag}.0").exists(), proc, "the pause in training", log)
-        proc.send_signal(signal.SIGINT)
-        _wait(lambda: "Ctrl-C again" in log.read_text(), proc, "the first Ctrl-C's line", log)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == EXIT_CTRL_C, log.read_text()[-3000:]
-    finally:
-        proc.kill()
+    status = _ctrl_c(proc, log, ("the pause in training", lambda: Path(f"{flag}.0").exists()),
+                     ("the first Ctrl-C's line", lambda: "Ctrl-C again" in log.read_text()), timeout=120)
+    assert status == EXIT_CTRL_C, log.read_text()[-3000:]
     text = log.read_text()
     assert "Traceback" not in text and text.rstrip().splitlines()[-1] == CTRL_C, text[-3000:]
     assert not list(out.glob("checkpoint-*")) and not (out / "run.lock").exists()
