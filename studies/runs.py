@@ -117,8 +117,9 @@ def read_run(folder: Path, slurm: Slurm) -> dict:
     job_id = slurm_env.get("SLURM_JOB_ID") or task.get("job_id") or (parts[-1].get("job_id") if parts else None)
     # lines of another job are a duplicate submission the run's lock refused, not a part of this run
     mine = [p for p in parts if not job_id or str(p.get("job_id")) == str(job_id)]
+    seconds = sum(p.get("seconds") or 0 for p in mine if str(p.get("job_id")) == str(job_id))  # every part's
     run = {"folder": str(folder), "name": folder.name, "env": env, "results": results, "task": task,
-           "job_id": job_id, "parts": len(mine), "recipe_key": recipe_key(env) if env else None,
+           "job_id": job_id, "parts": len(mine), "job_seconds": seconds, "recipe_key": recipe_key(env) if env else None,
            "seed": (env.get("config") or {}).get("seed", task.get("seed")), "reason": ""}
     run["resumed"] = len(mine) > 1
     world = int((env.get("distributed") or {}).get("WORLD_SIZE") or 1)
@@ -147,8 +148,6 @@ def figures(run: dict) -> dict:
     results, env = run["results"], run["env"]
     number = results.get
     training = as_number(number("train_seconds_excluding_evaluation"))
-    wall = sum(p.get("seconds") or 0 for p in _read(Path(run["folder"]) / "job_time.jsonl", lines=True)[0] or []
-               if str(p.get("job_id")) == str(run["job_id"]))
     devices = env.get("devices") or {}
     gpus = devices.get("gpus") or []
     config = env.get("config") or {}
@@ -156,7 +155,7 @@ def figures(run: dict) -> dict:
     per_device = as_number(config.get("per_device_train_batch_size"))
     return {"f1": as_number(number("eval_f1")), "em": as_number(number("eval_exact_match")),
             "training_s": training if training is not None else as_number(number("train_runtime")),
-            "wall_s": wall or as_number(number("WALL_CLOCK_SECONDS")),
+            "wall_s": run["job_seconds"] or as_number(number("WALL_CLOCK_SECONDS")),
             "windows_per_s": as_number(number("train_samples_per_second")),
             "target_f1": as_number(number("target_f1")), "to_target_s": as_number(number("train_seconds_to_target_f1")),
             "world_size": world, "strategy": run["task"].get("strategy") or ("fsdp" if config.get("fsdp") else "ddp"),
