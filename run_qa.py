@@ -47,7 +47,7 @@ def run(argv, callbacks=()):
         parsed = parse_args(argv)  # every setting checked: (model_args, data_args, run_args, training_args, explicit)
     except InputError as err:
         if asks_check(argv):  # the check's verdict, its one line
-            from qa.check import say_verdict
+            from check_qa import say_verdict
 
             say_verdict(err)
         raise
@@ -57,7 +57,7 @@ def run(argv, callbacks=()):
     settings = finalize(training_args, run_args, explicit)  # said once nothing can refuse the run any more
     settle_tf32()  # as TrainingArguments left it, readable by both of torch's APIs (inductor reads the older)
     if run_args.check:  # nothing of a run is written: no lock, no checkpoint, no results
-        from qa.check import check_job
+        from check_qa import check_job
 
         say(settings)
         return check_job(parsed[:4], SimpleNamespace(load=lambda: load(*parsed[:4], clock), features=features_for,

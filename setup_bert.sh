@@ -167,9 +167,9 @@ if ((DEV)); then req=requirements-dev.txt; fi  # it includes requirements.txt
 pip install -r "$HERE/$req" || die "pip install -r $req failed (see above): run this on a login node with internet, and check your quota"
 # The project itself, editable: `qa`, `scaling` and the entry points importable from any folder (bench/,
 # tools/). Asked from / so that the check does not find this folder's modules through the working
-# directory; an install made before the project had `scaling` or `answer_qa` (and its command,
-# bert-squad-answer) lacks them, and is made again.
-installed_from='import os, run_qa, scaling, answer_qa; print(os.path.dirname(run_qa.__file__), os.path.dirname(os.path.dirname(scaling.__file__)))'
+# directory; an install made before the project had one of its modules (`scaling`, `answer_qa`, `score_qa`,
+# `check_qa`, and their commands) lacks it, and is made again.
+installed_from='import os, run_qa, scaling, answer_qa, score_qa, check_qa; print(os.path.dirname(run_qa.__file__), os.path.dirname(os.path.dirname(scaling.__file__)))'
 if [[ $(cd / && "$py" -c "$installed_from" 2>/dev/null) == "$HERE $HERE" ]]; then
   log "bert-squad-slurm already installed (editable, $HERE)"
 else

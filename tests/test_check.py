@@ -1,4 +1,4 @@
-"""The check job (`--check`, qa/check.py) on this machine's CPU: "ready" with a prediction the real job in the same
+"""The check job (`--check`, check_qa.py) on this machine's CPU: "ready" with a prediction the real job in the same
 folder then bears out (its steps and evaluations exactly; its seconds are bench/check_prediction.py's), nothing of
 a run left behind; "not ready" with one verdict line, the reason's only line, and status 2 for GPUs granted that torch
 cannot see, a dataset missing offline, an output folder that cannot be written, one that holds a finished run (as the
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from qa.check import acts, slurm_time
+from check_qa import acts, slurm_time
 from qa.results.wall_clock import PHASES
 from tests.helpers import REPO, go_offline, run_qa
 from tests.test_transformers_range import OLDEST_PYTHON, needs_oldest
@@ -52,7 +52,7 @@ import json, sys, tempfile
 import torch
 from datasets import Dataset
 from transformers import Trainer, TrainingArguments
-from qa.check import job_steps
+from check_qa import job_steps
 steps = []
 with tempfile.TemporaryDirectory() as folder:
     for rows, batch, accumulation, epochs, max_steps in json.loads(sys.argv[1]):

@@ -354,7 +354,7 @@ def test_the_compile_cache_on_a_full_disk_is_one_warning_each(disk, monkeypatch,
 
 
 def test_the_check_jobs_files_on_a_full_disk_stay_as_they_were(disk):
-    from qa.check import write
+    from check_qa import write
 
     report = SimpleNamespace(main=True, writable=True, problem=None, lines=[], measured={"x": 1.0}, predicted={})
     env = {"host": "node1", "command": ["run_qa.py", "--check"]}

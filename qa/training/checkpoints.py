@@ -127,7 +127,7 @@ class Checkpoints:
     def choose(self, resume: str, move: bool = True):
         """The checkpoint to resume from, None for a fresh start, output_dir itself when its training ended but its run
         did not (docs/running.md, "Resuming"); every refusal comes before anything is moved. `move` False (the check
-        job, qa/check.py): the same answer and refusals, nothing moved or copied."""
+        job, check_qa.py): the same answer and refusals, nothing moved or copied."""
         output_dir, run = self.output_dir, self.run
         if resume == "never":
             if move:

@@ -1,5 +1,6 @@
-"""The check job (`--check`, docs/slurm.md#the-check-job---check) runs the job's own stages for a few steps, not a
-model of them, so that what it finds missing on the node and the time it predicts cannot drift from the job."""
+"""The check job (`run_qa.py CONFIG --check`, docs/slurm.md#the-check-job---check) runs the job's own stages, which
+run_qa.py hands it, for a few steps, not a model of them, so that what it finds missing on the node and the time it
+predicts cannot drift from the job. A training run never imports it."""
 import importlib.util
 import math
 import os
