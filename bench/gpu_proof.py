@@ -62,8 +62,7 @@ PARITY = [f"parity-{recipe}-{seed}" for seed in (42, 43) for recipe in ("referen
 PIECES = ["bench", "train", "attempts", *PARITY, "train-warm", "check", "variants"]
 # The changes the GPU profile points to (host time per step: docs/benchmarks.md), the cheapest to measure first:
 # those that compile nothing new before those that compile the whole model.
-ATTEMPT_VARIANTS = ["fast_non_blocking", "fast_b256", "fast_whole_model", "fast_combined", "fast_b128",
-                    "fast_cudagraphs"]
+ATTEMPT_VARIANTS = ["fast_b256", "fast_whole_model", "fast_b128", "fast_cudagraphs"]
 BASE_VARIANTS = ["reference_bf16", "fast"]  # beside every attempt, in its call
 # run_bench.py's variants of the pieces that benchmark (attempts: BASE_VARIANTS and the attempts that fit).
 BENCH_VARIANTS = {"bench": "reference_bf16,fast", "attempts": None, "variants": "reference,fast_no_compile,fast_static64"}
@@ -80,10 +79,10 @@ ESTIMATES = {"gpu": {"preflight": 45, "bench": 200, "train": 110, "train-warm": 
 # data and model before the first variant 18 s; reference_bf16 26 s outside its warm-up and window; fast 48 s, and
 # 54 s of cold compile warm-up. Warm compiles (the call's shared cache) and the whole-model compiles are guesses.
 # CPU: the rehearsal on the 2-core VM, 2026-11-27 (its 8 variants took 500 s with other jobs on the cores).
-VARIANT_ESTIMATES = {"gpu": {"setup": 18, "reference_bf16": 40, "fast": 112, "fast_non_blocking": 75, "fast_b256": 80,
-                             "fast_b128": 75, "fast_combined": 80, "fast_whole_model": 200, "fast_cudagraphs": 300},
-                     "cpu": {"setup": 5, "reference_bf16": 10, "fast": 70, "fast_non_blocking": 20, "fast_b256": 30,
-                             "fast_b128": 20, "fast_combined": 25, "fast_whole_model": 45, "fast_cudagraphs": 55}}
+VARIANT_ESTIMATES = {"gpu": {"setup": 18, "reference_bf16": 40, "fast": 112, "fast_b256": 80, "fast_b128": 75,
+                             "fast_whole_model": 200, "fast_cudagraphs": 300},
+                     "cpu": {"setup": 5, "reference_bf16": 10, "fast": 70, "fast_b256": 30, "fast_b128": 20,
+                             "fast_whole_model": 45, "fast_cudagraphs": 55}}
 ATTEMPT_WINDOW = {"gpu": ["--timed_samples", "2400", "--window_min_s", "10", "--profile_steps", "3"],
                   "cpu": ["--warmup_steps", "3", "--profile_steps", "1"]}
 PACK_MARGIN_S = 15  # kept back at the end of a call for packing
@@ -265,17 +264,15 @@ def missing_attempts(record) -> list:
 
 def attempt_plan(mode, results: Path, left: float) -> tuple:
     """-> (the attempts this call measures, their estimated seconds): beside reference_bf16 and fast, in order, each
-    that still fits within ATTEMPTS_S and the time left."""
+    that still fits within ATTEMPTS_S and the time left (the first within the time left alone)."""
     est = VARIANT_ESTIMATES[mode]
     room = min(left, ATTEMPTS_S if mode == "gpu" else left)
     need = est["setup"] + sum(est[v] for v in BASE_VARIANTS)
     plan = []
     for variant in attempts_left(results):
-        # fast_combined compiles the whole model: warm only after fast_whole_model in the same call
-        cost = est["fast_whole_model"] if variant == "fast_combined" and "fast_whole_model" not in plan else est[variant]
-        if need + cost <= room:
+        if need + est[variant] <= (room if plan else left):
             plan.append(variant)
-            need += cost
+            need += est[variant]
     return plan, need
 
 

@@ -23,11 +23,8 @@ timed window (`--telemetry_window`) gives the counts and seconds compared here):
   64, one static graph per length: the alternative to dynamic-shape compilation); `fast_cudagraphs`
   (the whole model compiled with torch.compile's reduce-overhead mode over four static widths: CUDA
   graphs replay each step's kernels, against the host overhead the GPU profile showed); `fast_b128`,
-  `fast_b256` (larger batches, the lr by the square-root rule); `fast_combined` (fast_non_blocking with the whole
-  model compiled: the changes that keep the recipe's numbers); `fast_whole_model` (the whole model compiled as
-  one graph instead of each encoder layer: fewer compiled calls, and their guards, per step);
-  `fast_non_blocking` (accelerate copies each batch to the GPU with non_blocking: a blocking copy waits
-  for every kernel queued before it, so the host cannot queue a step while the GPU runs the last one).
+  `fast_b256` (larger batches, the lr by the square-root rule); `fast_whole_model` (the whole model compiled as
+  one graph instead of each encoder layer: fewer compiled calls, and their guards, per step).
 
 The model is randomly initialised (the bert-base shape costs exactly what the pretrained model
 costs; no download). Each variant trains WARMUP steps (compilation, DataLoader start-up, cuDNN
@@ -103,8 +100,7 @@ NO_INSTRUMENTS = {"telemetry": False, "checkpoint_on_sigterm": False, "log_lines
 BATCH_VARIANTS = {"fast_b128": 128, "fast_b256": 256}
 # Static widths for CUDA graphs: each is one recorded graph per grad mode (pytorch#188150: a graph per new shape).
 CUDAGRAPH_BUCKETS = [128, 192, 256, 384]
-EXTRA_VARIANTS = ("fast_no_compile", "fast_static64", "fast_cudagraphs", "fast_whole_model", "fast_non_blocking",
-                  *BATCH_VARIANTS, "fast_combined")
+EXTRA_VARIANTS = ("fast_no_compile", "fast_static64", "fast_cudagraphs", "fast_whole_model", *BATCH_VARIANTS)
 
 
 def sqrt_rule_lr(batch: int, base_batch: int, base_lr: float) -> float:
@@ -145,10 +141,6 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
                         torch_compile_mode="reduce-overhead")
     elif name == "fast_whole_model":
         settings.update(compile_regional=False)
-    elif name in ("fast_non_blocking", "fast_combined"):  # a batch's copy no longer waits for the last step's kernels
-        settings.update(accelerator_config={"non_blocking": True})
-        if name == "fast_combined":  # the changes that leave the recipe's numbers as they are (bench/README.md)
-            settings.update(compile_regional=False)
     elif name == "fast_no_instruments":
         settings.update(NO_INSTRUMENTS)
     elif name in BATCH_VARIANTS:

@@ -7,7 +7,7 @@ Trainer overrides and collator all active), and every such call in the steps tha
 is listed with where it came from: none may come from the project; those of the Trainer, accelerate and
 transformers' model code are compared with the list known for each supported release, so that an upgrade adding
 one is noticed. Found so far: accelerate copies each tensor of a batch with non_blocking=False unless
-accelerator_config {"non_blocking": true} (with pinned memory, as fast.json has, the copy then waits for
+accelerator_config {"non_blocking": true}, as fast.json has (with pinned memory, the copy then waits for
 nothing); transformers' BERT evaluates padding_mask.all() on the host, to drop the mask when nothing is padded,
 under eager and SDPA attention alike, unless the mask is always built, as the project's sdpa_with_mask does in
 every compiled run (qa/training/compile.py; compilation itself is off here); logging_nan_inf_filter, off in
@@ -58,13 +58,12 @@ FAST_ON_CPU = [str(REPO / "configs" / "fast.json"), "--model_name_or_path", "bun
                "--max_steps", "5", "--logging_steps", "3", "--do_eval", "false", "--use_cpu", "true",
                "--tf32", "false", "--torch_compile", "false", "--dataloader_num_workers", "1",
                "--report_to", "none"]
-NON_BLOCKING = ["--accelerator_config", '{"non_blocking": true}']
+BLOCKING = ["--accelerator_config", '{"non_blocking": false}']  # accelerate's default, not fast.json's
 
 # What the Trainer, accelerate and transformers' model code do in each such step, by release:
 # {(kind, file:function): calls per step}.
 LIBRARY_SYNCS = {
-    "5.23": {(TO_DEVICE, "accelerate/utils/operations.py:send_to_device"): 5,  # each tensor of the batch
-             (READ, "transformers/masking_utils.py:_ignore_bidirectional_mask_sdpa"): 1},  # padding_mask.all()
+    "5.23": {(READ, "transformers/masking_utils.py:_ignore_bidirectional_mask_sdpa"): 1},  # padding_mask.all()
 }
 LIBRARY_SYNCS["5.17"] = LIBRARY_SYNCS["5.23"]
 
@@ -295,19 +294,20 @@ def test_no_project_code_waits_for_the_device_in_a_training_step(tmp_path):
 
 
 def test_the_probe_catches_a_read_and_the_settings_change_what_waits(tmp_path):
-    """An injected read of a parameter is found at its line, host reads beside it are not; with non_blocking
-    copies the batch waits no more; logging_nan_inf_filter (configs/fast.json turns it off) waits twice a step."""
-    found = measure(str(tmp_path), [*NON_BLOCKING, "--logging_nan_inf_filter", "true"], [InjectedRead()])
+    """An injected read of a parameter is found at its line, host reads beside it are not; blocking copies (fast.json
+    turns them off) wait for each tensor of the batch; logging_nan_inf_filter (fast.json turns it off) twice a step."""
+    found = measure(str(tmp_path), [*BLOCKING, "--logging_nan_inf_filter", "true"], [InjectedRead()])
     line = InjectedRead.on_step_end.__code__.co_firstlineno + 3
     assert found["ours"] == [[READ, f"tests/test_host_sync.py:on_step_end:{line}"]]
     libraries = {(kind, where.split(":")[0]): per_step for kind, where, per_step, _ in found["libraries"]}
-    assert libraries == {(READ, "transformers/masking_utils.py"): 1, (READ, "transformers/trainer.py"): 2}, found
+    assert libraries == {(TO_DEVICE, "accelerate/utils/operations.py"): 5, (READ, "transformers/masking_utils.py"): 1,
+                         (READ, "transformers/trainer.py"): 2}, found
 
 
 def test_the_compiled_runs_mask_and_non_blocking_copies_leave_nothing_to_wait_for(tmp_path):
-    """fast.json as it runs on a GPU, but for compilation: with the mask always built and the batch copied
-    without blocking, no call in a quiet training step waits for the device."""
-    found = measure(str(tmp_path), NON_BLOCKING, [MaskAlways()])
+    """fast.json as it runs on a GPU, but for compilation: with the mask always built (and the batch copied
+    without blocking), no call in a quiet training step waits for the device."""
+    found = measure(str(tmp_path), (), [MaskAlways()])
     assert found["steps"] == [1, 2, 5] and found["ours"] == [] and found["libraries"] == [], found
 
 
