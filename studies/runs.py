@@ -117,7 +117,7 @@ def read_run(folder: Path, slurm: Slurm) -> dict:
     job_id = slurm_env.get("SLURM_JOB_ID") or task.get("job_id") or (parts[-1].get("job_id") if parts else None)
     # lines of another job are a duplicate submission the run's lock refused, not a part of this run
     mine = [p for p in parts if not job_id or str(p.get("job_id")) == str(job_id)]
-    seconds = sum(p.get("seconds") or 0 for p in mine if str(p.get("job_id")) == str(job_id))  # every part's
+    seconds = sum(p.get("seconds") or 0 for p in mine if str(p.get("job_id")) == str(job_id))  # requeued parts too
     run = {"folder": str(folder), "name": folder.name, "env": env, "results": results, "task": task,
            "job_id": job_id, "parts": len(mine), "job_seconds": seconds, "recipe_key": recipe_key(env) if env else None,
            "seed": (env.get("config") or {}).get("seed", task.get("seed")), "reason": ""}
