@@ -69,9 +69,12 @@ def run(argv, callbacks=()):
     try:
         setup = load(model_args, data_args, run_args, training_args, clock)
         say(settings)
-        return _train_and_evaluate(setup, callbacks)
+        status = _train_and_evaluate(setup, callbacks)
     finally:
         lock.release()
+    if status == 0:  # once the trainer is gone: a DDP model freed after its gloo group was destroyed hung its rank
+        close_process_group()
+    return status
 
 
 def load(model_args, data_args, run_args, training_args, clock) -> SimpleNamespace:
@@ -242,7 +245,6 @@ def _train_and_evaluate(setup, extra_callbacks):
         wall = time.time() - setup.clock.started  # from the process's start: imports are part of a job's cost
         results = finish_run(out, wall, env, {**compiled, "wall_clock_breakdown": setup.clock.breakdown(wall, ranks)})
         logger.info("done in %.1f s; results in %s", results["WALL_CLOCK_SECONDS"], out)
-    close_process_group()
     return 0
 
 

@@ -1,6 +1,7 @@
 """What one rank decides for every rank and how the ranks leave together (a rank left waiting for one that stopped
 waits in its next collective until --ddp_timeout); the switches that shrink gradient communication: docs/scaling.md."""
 import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -51,8 +52,10 @@ def every_rank(value) -> list:
 
 def close_process_group():
     """Every rank together: one that tore its connections down while rank 0 still wrote the results could abort at
-    exit on gloo (seen once in CI), and NCCL warns of leaked resources on every run."""
+    exit on gloo (seen once in CI), and NCCL warns of leaked resources on every run. What still holds the group (a
+    DDP model in a reference cycle) is freed first: freed after it, it waited on the group forever."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 

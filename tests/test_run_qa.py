@@ -386,6 +386,58 @@ def test_a_command_leaves_with_its_status_and_a_torchrun_rank_without_teardown(w
     assert proc.stdout.split() == (["printed"] if world_size == "2" else ["printed", "teardown"])
 
 
+def test_what_holds_the_process_group_is_freed_before_the_group(tmp_path):
+    """close_process_group frees a DDP model left in a reference cycle (as a trainer and its callbacks can leave it)
+    while its gloo group still lives: a torchrun rank hung at exit freeing one after the group was destroyed."""
+    code = f"""
+import gc, weakref, torch, torch.distributed as dist
+from qa.distributed import close_process_group
+gc.disable()  # the collection close_process_group makes, not one that allocations happen to start
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+box = {{"model": model}}
+box["self"] = box
+freed_while_grouped = []
+weakref.finalize(model, lambda: freed_while_grouped.append(dist.is_initialized()))
+del model, box
+close_process_group()
+print(freed_while_grouped, dist.is_initialized())
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[0] == "[True] False", proc.stdout
+
+
+def test_two_gloo_ranks_free_their_models_then_leave_the_group_again_and_again(tmp_path):
+    """The order run_qa.run keeps: the DDP model goes with the function that trained it, then close_process_group.
+    The other order (the group destroyed, then the model freed) deadlocked within a few rounds here: freeing the
+    group joined gloo's worker while holding the interpreter lock that the worker needed to free a finished
+    all_gather's tensors (a torchrun rank hung so at exit)."""
+    code = f"""
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from qa.distributed import close_process_group, every_rank
+
+def train(rank):
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    return every_rank(rank)
+
+def rank_main(rank):
+    for round in range(40):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store{{round}}", rank=rank, world_size=2)
+        assert train(rank) == [0, 1]
+        close_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, nprocs=2)
+    print("left 40 times")
+"""
+    script = tmp_path / "ranks.py"
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "left 40 times" in proc.stdout, proc.stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mask", [0o022, 0o077], ids=["umask-022", "umask-077"])
 def test_written_files_take_the_umask(mask, tmp_path, monkeypatch):
