@@ -140,7 +140,7 @@ def verdict(piece, folder, code) -> tuple:
         r = read_json(reports[-1])
         keys = ("samples_per_second", "real_tokens_per_second", "mfu_real", "tflops_per_second_real_6n",
                 "projected_2_epochs_s", "compiles_in_window", "peak_memory_gib", "compiled", "warmup_s",
-                "compile_warmup_s", "padding_fraction", "device_busy_share", "process_wall_s")
+                "compile_warmup_s", "padding_fraction", "device_busy_share", "host_waits", "process_wall_s")
         found = {"report": reports[-1].name, "variants": {v: {k: s.get(k) for k in keys} for v, s in r["variants"].items()},
                  "ratios": r["ratios"], "failed": {v: f["why"] for v, f in r.get("failed", {}).items()},
                  "peak_tflops": r["peak"]["tflops"]}
@@ -174,6 +174,7 @@ def verdict(piece, folder, code) -> tuple:
     r = read_json(results)
     keys = ("compiled", "train_samples_per_second", "train_runtime", "train_mfu", "train_real_tokens_per_second",
             "train_real_tokens_per_second_measured", "train_data_loading_share", "train_profile_device_busy_share",
+            "train_profile_host_waits",
             "train_peak_memory_gib", "train_batches_padding_fraction", "compile_warmup_s", "compile_warmup_compiles",
             "eval_f1", "eval_exact_match", "WALL_CLOCK_SECONDS", "train_profiled_steps")
     found = {k: r[k] for k in keys if k in r}
@@ -511,6 +512,7 @@ def _figures(piece, f) -> str:
         parts = [f"{v}: {s['samples_per_second']} samples/s, MFU {s['mfu_real']}, compiled {s['compiled']}, "
                  f"{s['compiles_in_window']} compiles in window"
                  + (f", GPU busy {s['device_busy_share']}" if s.get("device_busy_share") is not None else "")
+                 + (f", host waits {s['host_waits']}" if s.get("host_waits") else "")
                  + (f", {s['x_fast']}x fast (call {s.get('call', 'this')})" if s.get("x_fast") else "")
                  for v, s in (f.get("variants") or {}).items()]
         ratio = (f.get("ratios") or {}).get("fast/reference_bf16")

@@ -39,7 +39,9 @@ per real token, the issue's definition, against the device's dense bf16 peak for
 one yardstick; null on a CPU unless --peak_tflops), peak memory, the projected time of 2 epochs
 of SQuAD v1.1 (88,524 training features at 384/128) at the measured real-token rate, and the
 fast/reference ratios (other fast variants also against fast); with `--profile_steps N`, the share of
-the N steps before the window in which the GPU was busy, from torch.profiler's trace. Results: bench/results/bench-<size>-<device>-<time>.json and .md.
+the N steps before the window in which the GPU was busy, and the shares of their host time spent waiting
+for the device and for the next batch, from torch.profiler's trace.
+Results: bench/results/bench-<size>-<device>-<time>.json and .md.
 """
 import argparse
 import json
@@ -333,6 +335,7 @@ def summarise(name, raw, size, peak_flops_per_s):
         "process_wall_s": raw["process_wall_s"],
         "wall_clock_breakdown": res.get("wall_clock_breakdown"),
         "device_busy_share": res.get("train_profile_device_busy_share"),
+        "host_waits": res.get("train_profile_host_waits"),
         "compile": setup.get("compile"),
         "compiled": res.get("compiled"),  # the run's own verdict from dynamo's counters (None: not compiled)
         "compiles_in_window": res.get("train_window_compiles"),
@@ -446,6 +449,11 @@ def markdown(report: dict) -> str:
     def f(x, fmt="{:,.1f}", none="n/a"):
         return none if x is None else fmt.format(x)
 
+    def host_waits(w):
+        if not w or "why" in w:
+            return "-"
+        return f"{w['device_wait_share']:.0%} / {w['data_wait_share']:.0%}, {w['launches_per_step']:,.0f}"
+
     lines = [f"# Training speed: {report['size']} size on {report['device']['name']}", "",
              f"{report['date_utc']} on `{report['host']}`; "
              f"torch {report['versions'].get('torch')}, transformers {report['versions'].get('transformers')}, "
@@ -458,8 +466,9 @@ def markdown(report: dict) -> str:
              f"{report['data']['max_seq_length']}); MFU against {report['peak']['source']}.", "",
              "| variant | samples/s (window) | samples/s at mean length | real tokens/s | padding | MFU (real, 6N) | "
              "peak memory | 2 epochs projected | warm-up (incl. compile) | compiles in window | GPU busy (profiled) | "
+             "host waits for device / data, launches a step (profiled) | "
              "x reference | x bf16 reference | x fast |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ratio(name, ref):
         pair = report["ratios"].get(f"{name}/{ref}")
@@ -481,6 +490,7 @@ def markdown(report: dict) -> str:
             f"{f(r['padding_fraction'] * 100, '{:.0f}%')} | {f(r['mfu_real'], '{:.1%}')} | {f(mem, '{:.2f}')} {mem_label} | "
             f"{f(r['projected_2_epochs_s'], '{:,.0f} s')} | {f(r['warmup_s'], '{:.1f} s')} | "
             f"{f(r.get('compiles_in_window'), '{:d}', 'not counted')} | {f(r.get('device_busy_share'), '{:.0%}', '-')} | "
+            f"{host_waits(r.get('host_waits'))} | "
             f"{ratio(name, 'reference')} | {ratio(name, 'reference_bf16')} | {ratio(name, 'fast')} |")
     lines += ["", *failed_lines(report)] if report.get("failed") else []
     marked = [name for name, r in v.items() if compiled_in_window(r)]
@@ -579,7 +589,8 @@ def main(argv=None):
                         "several benchmarks compiles a variant they have in common once (compile_warmup_s then warm)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch run folders")
     parser.add_argument("--profile_steps", type=int, default=0,
-                        help="profile this many steps just before each window (GPU busy share; outside the window)")
+                        help="profile this many steps just before each window (GPU busy share, the host's waits; "
+                             "outside the window)")
     args = parser.parse_args(argv)
 
     size = dict(SIZES[args.size])

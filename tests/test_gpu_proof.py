@@ -99,6 +99,8 @@ def test_every_piece_brings_its_figures(rehearsal):
         assert figures["compiled"] == "yes" and figures["x_fast"] > 0 and figures["x_reference_bf16"] > 0, variant
         assert figures["recipe_hash"] == recipe_hash(variant) and figures["call"] in attempts["calls"]
         assert "device_busy_share" in figures  # None on a CPU: no device activity to profile
+        waits = figures["host_waits"]  # on a CPU too: the host never waits for a device there
+        assert waits["device_wait_share"] == 0 and 0 <= waits["data_wait_share"] < 1 and waits["step_ms"] > 0, waits
     (call, run), = attempts["calls"].items()
     assert set(run["base"]) == {"reference_bf16", "fast"} and not run["failed"]
     used = json.loads(next((results / "attempts" / call).glob("bench-*.json")).read_text())["variants"]

@@ -46,6 +46,10 @@ def test_only_the_scheduled_steps_are_recorded(runs):
     # a CPU run has no device: no busy share, and the record says why
     assert index["cycles"][0]["device_busy"] == {"share": None, "why": "no device activity recorded"}
     assert results(out)["train_profile_device_busy_share"] is None
+    # the host's waits are read on a CPU too: the next batch, never the device
+    waits = results(out)["train_profile_host_waits"]
+    assert waits == index["cycles"][0]["host_waits"] and 0 < waits["data_wait_share"] < 1, waits
+    assert waits["device_wait_share"] == 0 and waits["launches_per_step"] == 0 and waits["step_ms"] > 0
 
 
 def test_device_busy_share_is_the_union_of_device_activity_over_the_steps():
@@ -61,6 +65,24 @@ def test_device_busy_share_is_the_union_of_device_activity_over_the_steps():
     assert busy["share"] == pytest.approx((40 + 110) / 260, abs=1e-4) and busy["span_us"] == 260
     assert device_busy({"traceEvents": [step(0, 100, 1), device(0, 100)]})["share"] == 1.0
     assert device_busy({"traceEvents": [device(0, 10)]}) == {"share": None, "why": "no recorded step"}
+
+
+def test_host_waits_are_shares_of_the_steps_host_time():
+    from qa.training.profiling import host_waits
+
+    def event(name, ts, dur, cat="cuda_runtime"):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+    next_batch = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+    trace = {"traceEvents": [event("ProfilerStep#1", 0, 100, "user_annotation"),
+                             event("ProfilerStep#2", 100, 300, "user_annotation"), event(next_batch, 5, 40, "user_annotation"),
+                             event("cudaStreamSynchronize", 150, 60), event("cudaMemcpyAsync", 140, 10),
+                             event("cuEventSynchronize_v2", 250, 20, "cuda_driver"),
+                             event("cudaLaunchKernel", 10, 5), event("cuLaunchKernel", 20, 5, "cuda_driver"),
+                             event("cudaGraphLaunch_v10000", 30, 5), event("aten::mm", 0, 50, "cpu_op")]}
+    assert host_waits(trace) == {"data_wait_share": 0.1, "device_wait_share": 0.2, "step_ms": 0.2,
+                                 "launches_per_step": 1.5}
+    assert host_waits({"traceEvents": [event("cudaLaunchKernel", 0, 1)]}) == {"why": "no recorded step"}
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """torch.profiler on process zero over a bounded schedule, as the recorded steps are slower (docs/telemetry.md,
-"Profiling a few steps"); profile.json adds the share of the recorded steps' wall time the GPU was busy."""
+"Profiling a few steps"); profile.json adds the share of the recorded steps' wall time the GPU was busy, and what
+the host waited for in them."""
 import json
 import logging
 from pathlib import Path
@@ -68,7 +69,8 @@ class ProfilerCallback(TrainerCallback):
             return {}
         return {"train_profiled_steps": [s for c in self.cycles for s in c["global_steps"]],
                 "train_profile_dir": str(self.dir),
-                "train_profile_device_busy_share": self.cycles[0]["device_busy"]["share"]}
+                "train_profile_device_busy_share": self.cycles[0]["device_busy"]["share"],
+                "train_profile_host_waits": self.cycles[0]["host_waits"]}
 
     def _write(self, prof):
         import torch
@@ -95,8 +97,9 @@ class ProfilerCallback(TrainerCallback):
             lines += ["", "torch.cuda.memory_summary():", "", torch.cuda.memory_summary()]
         atomic_write_text(self.dir / files["memory"], "\n".join(lines) + "\n")
 
-        busy = device_busy(json.loads((self.dir / files["trace"]).read_text()))
-        self.cycles.append({"cycle": k, "global_steps": steps, "files": files, "device_busy": busy})
+        trace = json.loads((self.dir / files["trace"]).read_text())
+        self.cycles.append({"cycle": k, "global_steps": steps, "files": files, "device_busy": device_busy(trace),
+                            "host_waits": host_waits(trace)})
         atomic_write_json(self.dir / "profile.json", {
             "schedule": {"wait": self.wait, "warmup": self.warmup, "active": self.active, "repeat": self.repeat},
             "device": torch.cuda.get_device_name() if self._cuda else "cpu",
@@ -127,3 +130,29 @@ def device_busy(trace: dict) -> dict:
             busy, reach = busy + b - a, b
     return {"share": round(busy / (end - start), 4), "busy_us": round(busy, 1), "span_us": round(end - start, 1),
             "device_events": len(device)}
+
+
+# The host's side of a step: the next batch (the DataLoader's annotation); the device, in the runtime calls that block
+# until the work queued before them is done (torch reads a value or copies without non_blocking by a copy, then a
+# stream synchronize; freeing device memory synchronizes too); its own work the rest (Python, launches). A host that
+# never waits runs ahead of the device.
+DATA_WAIT = "enumerate(DataLoader)"
+DEVICE_WAITS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaFree",
+                "cudaFreeHost", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"}
+LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch"}
+
+
+def host_waits(trace: dict) -> dict:
+    """Shares of the recorded steps' host wall time spent waiting for data and for the device, the mean step, and
+    the kernel launches per step (a CUDA graph's replay counts as one)."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    steps = [e["dur"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    if not steps:
+        return {"why": "no recorded step"}
+    named = [(str(e.get("name", "")).split("_v")[0], e["dur"]) for e in events]  # runtime names may carry "_v<N>"
+    span = sum(steps)
+    data = sum(d for n, d in named if n.startswith(DATA_WAIT))
+    device = sum(d for n, d in named if n in DEVICE_WAITS)
+    return {"data_wait_share": round(data / span, 4), "device_wait_share": round(device / span, 4),
+            "step_ms": round(span / len(steps) / 1e3, 2),
+            "launches_per_step": round(sum(n in LAUNCHES for n, _ in named) / len(steps), 1)}
