@@ -117,9 +117,8 @@ class QuestionAnsweringTrainer(Trainer):
                                           ignore_keys=ignore_keys, metric_key_prefix=prefix)
         except torch.OutOfMemoryError as err:  # its fix is a smaller evaluation batch, also during training
             raise EvaluationOutOfMemory(str(err)) from err
-        start_logits, end_logits = output.predictions[:2]
         predictions, _, _ = self.post_processing(
-            examples, features, start_logits, end_logits,
+            examples, features, *output.predictions[:2],
             output_dir=self.args.output_dir if self.is_world_process_zero() else None, prefix=files_prefix)
         metrics = dict(output.metrics)
         if "answers" in examples.column_names:  # an unlabelled split has no answers column

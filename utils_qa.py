@@ -133,9 +133,7 @@ _FALLBACK = (0.0, 0.0, 0.0, (0, 0))  # (score, start_logit, end_logit, char span
 
 def _column(table, name) -> list:
     """A whole column as a list: a datasets table's read at once, never row by row."""
-    if hasattr(table, "with_format"):
-        return table.with_format("arrow")[name].to_pylist()
-    return list(table[name])
+    return table.with_format("arrow")[name].to_pylist() if hasattr(table, "with_format") else list(table[name])
 
 
 def check_inputs(ids, feature_example_ids, start_logits, end_logits, n_best_size) -> None:
@@ -145,8 +143,7 @@ def check_inputs(ids, feature_example_ids, start_logits, end_logits, n_best_size
     if start_logits.shape != end_logits.shape or start_logits.ndim != 2 or len(start_logits) != n:
         raise ValueError(f"expected start and end logits of shape (n_features={n}, seq_len); got "
                          f"{start_logits.shape} and {end_logits.shape}")
-    unknown = set(feature_example_ids) - set(ids)
-    if unknown:
+    if unknown := set(feature_example_ids) - set(ids):
         raise ValueError(f"{len(unknown)} feature(s) belong to no example, e.g. example_id {next(iter(unknown))!r}")
 
 
@@ -177,10 +174,8 @@ def best_valid_span(offset_rows, start_rows, end_rows, max_answer_length):
 def finish(context, ranked, null_score, version_2_with_negative, threshold):
     """(prediction, n-best entries, null_odds) of one question from its n-best `ranked`: (score,
     start_logit, end_logit, (char_start, char_end) or None for the null answer) tuples, best first."""
-    best = next((c for c in ranked if c[3] is not None), None)
-    if best is None:
-        best = _FALLBACK
-        ranked = sorted(ranked + [best], key=lambda c: -c[0])
+    if (best := next((c for c in ranked if c[3] is not None), None)) is None:
+        best, ranked = _FALLBACK, sorted(ranked + [_FALLBACK], key=lambda c: -c[0])
     top = max(c[0] for c in ranked)
     exps = [math.exp(c[0] - top) for c in ranked]
     total = sum(exps)
@@ -307,9 +302,8 @@ def rank_answers(examples, features, all_start_logits, all_end_logits, *, versio
         null_score = start[:, 0] + end[:, 0]
         by_null = np.lexsort((np.arange(n_features), null_score, example_of))
         g = by_null[_group_starts(example_of[by_null])]
-        for x, entry in zip(example_of[g].tolist(), zip(null_score[g].tolist(), start[g, 0].tolist(),
-                                                        end[g, 0].tolist())):
-            nulls[x] = entry + (None,)
+        for x, *entry in zip(example_of[g].tolist(), null_score[g].tolist(), start[g, 0].tolist(), end[g, 0].tolist()):
+            nulls[x] = (*entry, None)
         example_null = np.full(len(ids), np.inf, dtype=null_score.dtype)
         example_null[example_of[g]] = null_score[g]
         null_at = np.bincount(example[score >= example_null[example]], minlength=len(ids)).tolist()
@@ -447,8 +441,7 @@ def _v2_scores(questions, predictions, na_probs=None, na_prob_thresh=1.0) -> col
 
     result = collections.OrderedDict(_percentages(exact, f1, list(exact)))
     for prefix, wanted in (("HasAns", True), ("NoAns", False)):
-        qids = [qid for qid, has in has_answer.items() if has is wanted]
-        if qids:
+        if qids := [qid for qid, has in has_answer.items() if has is wanted]:
             result.update((f"{prefix}_{key}", value) for key, value in _percentages(exact, f1, qids))
     for key, raw in (("exact", exact_raw), ("f1", f1_raw)) if na_probs is not None else ():
         result[f"best_{key}"], result[f"best_{key}_thresh"] = _best_threshold(predictions, raw, na_probs, has_answer)

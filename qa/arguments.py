@@ -76,8 +76,7 @@ class Folder:
     writable: bool = True
 
     def __call__(self, name, value, values) -> None:
-        problem = value and self.problem(os.path.expanduser(str(value)))
-        if problem:
+        if problem := value and self.problem(os.path.expanduser(str(value))):
             raise InputError(f"{name}={value}", f"{problem} ({self.means})", self.fix)
 
     def problem(self, path: str) -> str | None:  # asked with access(): nothing is made to find out
@@ -123,8 +122,7 @@ def _buckets(name, value, values) -> None:  # their one check: the collator take
     if min(value or [1]) < 1:
         raise InputError(f"{name}={list(value)}", f"bucket {min(value)} is below 1", "give lengths of 1 or more")
     longest = values.get("max_seq_length") or math.inf
-    outside = [bucket for bucket in value or () if bucket > longest]
-    if outside:
+    if outside := [bucket for bucket in value or () if bucket > longest]:
         raise InputError(f"{name}={list(value)}", f"bucket {outside[0]} is outside 1..max_seq_length={longest}",
                          f"give lengths from 1 to {longest}, or raise --max_seq_length")
 

@@ -45,8 +45,7 @@ def require_packages(*names) -> None:
     import importlib.util
 
     sys.excepthook = functools.partial(_ctrl_c_in_one_line, sys.excepthook)
-    missing = [name for name in names if importlib.util.find_spec(name) is None]
-    if missing:
+    if missing := [name for name in names if importlib.util.find_spec(name) is None]:
         found = environment_file()
         fix = f"source {found}" if found else ("run ./setup_bert.sh (README.md, the two commands), then source the "
                                                "file it names")

@@ -164,8 +164,7 @@ def writing(folder, what: str, then: str = "", undo=None):
     try:
         yield
     except Exception as exc:
-        code = disk_full(exc, folder)
-        if code is None:
+        if (code := disk_full(exc, folder)) is None:
             raise
         if undo is not None:
             undo()

@@ -34,8 +34,7 @@ def check_files(folder, files: dict):
     for name, recorded in files.items():
         path = folder / name
         try:
-            size = path.stat().st_size
-            if size != recorded["size"]:
+            if (size := path.stat().st_size) != recorded["size"]:
                 return f"{name} has {size:,} bytes, {recorded['size']:,} when saved"
             if file_hash(path) != recorded[HASH]:
                 return f"{name} differs from what was saved (content hash)"

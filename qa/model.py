@@ -101,8 +101,7 @@ def loading_message(missing, unexpected, head_modules, head_params: int, trainin
 
 
 def _check_loading(model, path: str, info: dict, training: bool, require_head: bool) -> None:
-    mismatched = sorted(info["mismatched_keys"])
-    if mismatched:
+    if mismatched := sorted(info["mismatched_keys"]):
         key, saved, wanted = mismatched[0]
         raise InputError(path, f"{len(mismatched)} weight(s) do not fit the model's configuration, e.g. {key}: "
                          f"{tuple(saved)} in the checkpoint, {tuple(wanted)} in the model",
@@ -114,8 +113,7 @@ def _check_loading(model, path: str, info: dict, training: bool, require_head: b
                          f"({_modules(head_missing)}): it is a base model, not one fine-tuned for QA",
                          "give the output_dir of a finished training run (run_qa.py --do_train)")
     head_params = sum(p.numel() for name in head_modules for p in getattr(model, name).parameters())
-    said = loading_message(info["missing_keys"], info["unexpected_keys"], head_modules, head_params, training)
-    if said:
+    if said := loading_message(info["missing_keys"], info["unexpected_keys"], head_modules, head_params, training):
         logger.log(*said)
 
 
@@ -189,8 +187,7 @@ def _position_embeddings(model):
 def usable_positions(model):
     """How many tokens the model's absolute position embeddings take, or None (relative or rotary positions).
     RoBERTa-style embeddings number positions from padding_idx + 1: the rows up to it serve no token."""
-    table = _position_embeddings(model)
-    if table is None:
+    if (table := _position_embeddings(model)) is None:
         return None
     return table.num_embeddings - (0 if table.padding_idx is None else table.padding_idx + 1)
 

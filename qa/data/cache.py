@@ -96,8 +96,7 @@ def cached_features(examples, tokenizer, fn, params: dict, *, cache_dir=None, nu
     from datasets import load_from_disk
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    name = f"{fn.__name__}-{features_key(examples, tokenizer, fn, params)}"
-    pointer = cache_dir / f"{name}.json"
+    pointer = cache_dir / f"{fn.__name__}-{features_key(examples, tokenizer, fn, params)}.json"
     with main_process_first(desc=desc) if main_process_first else nullcontext():
         _clean(cache_dir)
         if pointer.exists() and not overwrite:
@@ -149,8 +148,7 @@ def _load(pointer: Path):
         folder, files = _entry(pointer)
     except ValueError as err:
         return None, str(err)
-    problem = check_files(folder, files)
-    if problem:
+    if problem := check_files(folder, files):
         return None, f"{folder.name}/{problem}"
     try:
         return load_from_disk(str(folder)), None

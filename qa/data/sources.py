@@ -21,8 +21,7 @@ def load_raw_datasets(data_args, splits: Sequence[str] = SPLITS, cache_dir: Opti
 
     hub, out = None, {}
     for split in splits:
-        path = getattr(data_args, f"{split}_file", None)
-        if path:
+        if path := getattr(data_args, f"{split}_file", None):
             dataset = read_squad(path, data_args.version_2_with_negative, require_answers=split != "test").dataset
         elif data_args.dataset_name == "synthetic":
             dataset = _load_synthetic(data_args, split)
@@ -32,8 +31,7 @@ def load_raw_datasets(data_args, splits: Sequence[str] = SPLITS, cache_dir: Opti
         else:
             raise InputError(f"split {split!r}", "no data source is given",
                              f"pass --{split}_file FILE or --dataset_name (e.g. rajpurkar/squad)")
-        articles = getattr(data_args, f"{split}_articles", None)
-        if articles:
+        if articles := getattr(data_args, f"{split}_articles", None):
             source = path or f"dataset {data_args.dataset_name!r}"
             dataset = select_articles(dataset, articles, f"--{split}_articles", source)
         out[split] = dataset
@@ -87,8 +85,7 @@ def select_articles(dataset, spec: str, option: str = "--train_articles", source
     """Keep the articles `spec` ("START:STOP") selects, grouped by title in order of appearance."""
     titles = dataset["title"][:]
     order = list(dict.fromkeys(titles))
-    chosen = set(order[parse_slice(spec, option)])
-    if not chosen:
+    if not (chosen := set(order[parse_slice(spec, option)])):
         raise InputError(f"{option} {spec!r}", f"selects none of the {len(order)} articles of {source}",
                          f"give a slice within 0:{len(order)}, e.g. '0:{max(1, len(order) // 2)}'")
     return dataset.select([i for i, title in enumerate(titles) if title in chosen])
@@ -96,8 +93,7 @@ def select_articles(dataset, spec: str, option: str = "--train_articles", source
 
 def parse_slice(spec: str, option: str = "--train_articles") -> slice:
     """Parse "START:STOP" (either side may be empty, a negative one counts from the end)."""
-    match = re.fullmatch(r"\s*([+-]?\d+)?\s*:\s*([+-]?\d+)?\s*", str(spec))
-    if not match:
+    if not (match := re.fullmatch(r"\s*([+-]?\d+)?\s*:\s*([+-]?\d+)?\s*", str(spec))):
         raise InputError(f"{option} {spec!r}", "is not a slice START:STOP", "give e.g. '0:40' (the first 40 "
                          "articles), '40:' (all from the 41st) or ':-8' (all but the last 8)")
     return slice(*(None if x is None else int(x) for x in match.groups()))

@@ -275,8 +275,7 @@ def validate(table: Table, version_2_with_negative: bool, check_answer_spans: bo
     for column, fix in (("id", "give every question a unique id"), ("question", "write the question or delete it"),
                         ("context", "give the paragraph or delete the question")):
         values = getattr(table, column)
-        bad = [i for i, value in enumerate(values) if not value.strip()]
-        if bad:
+        if bad := [i for i, value in enumerate(values) if not value.strip()]:
             also = f" ({len(bad)} of {len(values)} questions)" if len(bad) > 1 else ""
             raise InputError(table.name(bad[0]), f"has an empty {column}{also}", fix)
     counts = Counter(table.id)

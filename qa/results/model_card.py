@@ -21,8 +21,7 @@ def _front_matter(cfg: dict) -> list:
     base = BUNDLED_HUB_IDS.get(name) or (name if _HUB_ID.fullmatch(name) and not os.path.exists(name) else None)
     if base:
         lines.append(f"base_model: {base}")
-    data = cfg.get("dataset_name")
-    if data and data != "synthetic" and not cfg.get("train_file"):
+    if (data := cfg.get("dataset_name")) and data != "synthetic" and not cfg.get("train_file"):
         lines.append(f"datasets: [{data}]")
     return lines + ["---", ""]
 
@@ -54,8 +53,7 @@ def _recipe(cfg: dict, world: int, results: dict) -> str:
 
 def number(results: dict, key: str, unit: str = "", digits: int = 2):
     """results[key] as the results tables show it; None when absent."""
-    value = results.get(key)
-    if value is None:
+    if (value := results.get(key)) is None:
         return None
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
     return f"{value:,.{digits}f}{unit}" if numeric else str(value)

@@ -146,8 +146,7 @@ def loss_figures(log_history: list, first_step: int, last_step: int) -> dict:
     """The steps the Trainer's train_loss averages (those this process trained: a resumed run's start after its
     checkpoint), and the last logged loss, the mean of the steps since the entry before it: where the training ended."""
     figures = {"train_loss_steps": f"{first_step + 1}-{last_step}"}
-    logged = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry]
-    if logged:
+    if logged := [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry]:
         since = max([first_step] + [step for step, _ in logged[:-1]])
         step, loss = logged[-1]
         figures.update(train_loss_last_logged=loss, train_loss_last_logged_steps=f"{since + 1}-{step}")
@@ -184,8 +183,7 @@ def time_to_accuracy_rows(results: dict, cfg: dict, fmt) -> list:
             ("training time without evaluations", fmt("train_seconds_excluding_evaluation", " s", 1)),
             ("best F1 during training", None if results.get("best_f1_during_training") is None else
              f"{fmt('best_f1_during_training')} (step {results.get('best_f1_during_training_step')})")]
-    target = results.get("target_f1")
-    if target is not None:
+    if (target := results.get("target_f1")) is not None:
         reached = results.get("train_seconds_to_target_f1")
         rows.append((f"training time to F1 {target:g}", "not reached" if reached is None else
                      f"{fmt('train_seconds_to_target_f1', ' s', 1)} ({results.get('target_f1_method')})"))

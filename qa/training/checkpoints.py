@@ -72,8 +72,7 @@ def _check_resume(checkpoint, run: dict, finished=None) -> bool:
     training ended there but its model never reached output_dir (a full disk or a kill while it was saved)."""
     checkpoint = Path(checkpoint)
     recorded = read_record(checkpoint / COMPLETE_MARKER).get("run") or {}
-    changed = "; ".join(f"{what} {was} (now {now})" for what, was, now in _changes(recorded, run, MEANING))
-    if changed:
+    if changed := "; ".join(f"{what} {was} (now {now})" for what, was, now in _changes(recorded, run, MEANING)):
         raise InputError(str(checkpoint), f"its steps mean something else: {changed}",
                          "resume with its own settings, or start afresh: --resume never (moves it to previous-<time>/) "
                          "or another --output_dir")
@@ -151,8 +150,7 @@ class Checkpoints:
             if not (Path(resume) / COMPLETE_MARKER).is_file():
                 raise InputError(resume, "not a complete checkpoint folder (no checkpoint_complete.json)",
                                  "pass --resume auto, never, or a checkpoint-N folder written by this tool")
-            problem = self.verify(resume)
-            if problem:
+            if problem := self.verify(resume):
                 raise InputError(resume, f"damaged checkpoint: {problem}",
                                  "pass --resume auto (the newest checkpoint that verifies), another checkpoint-N "
                                  "folder, or --resume never to start afresh")
@@ -163,8 +161,7 @@ class Checkpoints:
         complete = [p for p in found if (p / COMPLETE_MARKER).is_file()]
         damaged, chosen = [], None
         for path in reversed(complete):
-            problem = self.verify(path)
-            if problem is None:
+            if (problem := self.verify(path)) is None:
                 chosen = path
                 break
             damaged.append((path, problem))

@@ -63,8 +63,7 @@ CACHE_RECORD = "verified.json"  # in the compile cache: each file's size and has
 def drop_damaged(cache: Path) -> None:
     """Removes the compile cache's files that no longer match their record (a cut copy, a file changed on the shared
     file system): torch recompiles a graph entry it cannot unpickle, but runs eagerly after a damaged module."""
-    recorded = read_record(cache / CACHE_RECORD)
-    damaged = [name for name, entry in recorded.items()
+    damaged = [name for name, entry in read_record(cache / CACHE_RECORD).items()
                if (cache / name).is_file() and check_files(cache, {name: entry}) is not None]
     for name in damaged:
         (cache / name).unlink(missing_ok=True)
@@ -126,9 +125,7 @@ def fall_back_when_compile_fails() -> None:
     torch._dynamo.config.suppress_errors = True
     torch._functorch.config.force_non_lazy_backward_lowering = True
     COMPILE_FAILURES.reason = None
-    dynamo = logging.getLogger("torch._dynamo.convert_frame")
-    if COMPILE_FAILURES not in dynamo.filters:
-        dynamo.addFilter(COMPILE_FAILURES)
+    logging.getLogger("torch._dynamo.convert_frame").addFilter(COMPILE_FAILURES)  # once: addFilter skips a repeat
 
 
 _RECOMPILES = {"count": 0}
@@ -177,8 +174,7 @@ def compile_outcome() -> str:
     if stats["recompile_limit_hits"]:
         return (f"fell back: the recompile limit was hit {stats['recompile_limit_hits']} time(s): those frames ran "
                 "eagerly")
-    failed = stats["compiles"] - stats["frames_compiled"]
-    if failed:
+    if failed := stats["compiles"] - stats["frames_compiled"]:
         return f"fell back: {failed} of {stats['compiles']} frames failed to compile and ran eagerly"
     if not stats["unique_graphs"]:
         return "fell back: no graph was compiled"

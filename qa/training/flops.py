@@ -30,10 +30,9 @@ def gradient_size(model) -> dict:
 
 
 def model_flops(non_embedding_params, layers, hidden, real_tokens, sum_sq_lengths):
-    """Model FLOPs of training on a set of sequences, real tokens only (padding lowers MFU, as it
-    should), by PaLM's formula (Chowdhery et al. 2022, app. B): a token of a sequence of s real
-    tokens costs 6N + 12·L·H·s (N parameters outside the embeddings, L layers, H hidden: QK^T and
-    AV), so the set costs 6N·sum(s) + 12·L·H·sum(s^2)."""
+    """Model FLOPs of training on a set of sequences, real tokens only (padding lowers MFU, as it should), by PaLM's
+    formula (Chowdhery et al. 2022, app. B): a token of a sequence of s real tokens costs 6N + 12·L·H·s (N parameters
+    outside the embeddings, L layers, H hidden: QK^T and AV), so the set costs 6N·sum(s) + 12·L·H·sum(s^2)."""
     return 6 * non_embedding_params * real_tokens + 12 * layers * hidden * sum_sq_lengths
 
 
@@ -141,6 +140,4 @@ def peak_flops(device_name, precision, override_tflops=None):
 
 def mfu(flops, seconds, peak_flops_per_s):
     """Achieved model FLOP/s over the device's peak; None without a measured time or a peak."""
-    if not seconds or seconds <= 0 or not peak_flops_per_s:
-        return None
-    return flops / seconds / peak_flops_per_s
+    return None if not seconds or seconds <= 0 or not peak_flops_per_s else flops / seconds / peak_flops_per_s

@@ -74,8 +74,7 @@ class RunLock:
             seen, holder, age = self._read()  # so the folder existed: nothing to remove on refusal
             if seen is None:  # given back meanwhile
                 continue
-            reason = stale_reason(holder, age, me)
-            if reason is None:
+            if (reason := stale_reason(holder, age, me)) is None:
                 raise InputError(self.output_dir, f"is in use by another run ({describe(holder)}; its lock {self.path} "
                                  f"was refreshed {age:.0f} s ago)", "wait for that run to end, or give another "
                                  f"--output_dir; if no such run is alive, delete {self.path}")
