@@ -452,7 +452,8 @@ def markdown(report: dict) -> str:
     def host_waits(w):
         if not w or "why" in w:
             return "-"
-        return f"{w['device_wait_share']:.0%} / {w['data_wait_share']:.0%}, {w['launches_per_step']:,.0f}"
+        return (f"{w['device_wait_share']:.0%} / {w['data_wait_share']:.0%}, {w['launches_per_step']:,.0f}, "
+                f"{w['step_ms']:,.1f} ms")
 
     lines = [f"# Training speed: {report['size']} size on {report['device']['name']}", "",
              f"{report['date_utc']} on `{report['host']}`; "
@@ -466,7 +467,7 @@ def markdown(report: dict) -> str:
              f"{report['data']['max_seq_length']}); MFU against {report['peak']['source']}.", "",
              "| variant | samples/s (window) | samples/s at mean length | real tokens/s | padding | MFU (real, 6N) | "
              "peak memory | 2 epochs projected | warm-up (incl. compile) | compiles in window | GPU busy (profiled) | "
-             "host waits for device / data, launches a step (profiled) | "
+             "host waits for device / data, launches a step, step (profiled) | "
              "x reference | x bf16 reference | x fast |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 

@@ -122,8 +122,8 @@ class _Counts:
 class TelemetryCallback(TrainerCallback):
     """The loop timed from the inside, on a clock that starts at the first optimizer step (a compile warm-up, other
     callbacks, the DataLoader's start-up are outside it): step time from `on_step_begin` to `on_step_end`, data time
-    from the previous step's end (or the logging, evaluation, saving after it) to the next begin; host times track
-    device times, as the Trainer synchronises with a GPU at every micro-step. Timed window: docs/telemetry.md."""
+    from the previous step's end (or the logging, evaluation, saving after it) to the next begin; over many steps host
+    times track device times (a host ahead fills the GPU's bounded launch queue and waits). docs/telemetry.md."""
 
     def __init__(self, peak_tflops=None, timed_steps=None, window_min_s=None):
         self.peak_tflops, self.timed_steps, self.window_min_s = peak_tflops, timed_steps, window_min_s
