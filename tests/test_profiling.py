@@ -75,13 +75,16 @@ def test_host_waits_are_shares_of_the_steps_host_time():
 
     next_batch = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
     trace = {"traceEvents": [event("ProfilerStep#1", 0, 100, "user_annotation"),
-                             event("ProfilerStep#2", 100, 300, "user_annotation"), event(next_batch, 5, 40, "user_annotation"),
+                             event("ProfilerStep#2", 100, 300, "user_annotation"),
+                             event("ProfilerStep#2", 120, 900, "gpu_user_annotation"),  # the GPU's copy: not a step
+                             event(next_batch, 5, 40, "user_annotation"), event(next_batch, 400, 30, "user_annotation"),
                              event("cudaStreamSynchronize", 150, 60), event("cudaMemcpyAsync", 140, 10),
-                             event("cuEventSynchronize_v2", 250, 20, "cuda_driver"),
-                             event("cudaLaunchKernel", 10, 5), event("cuLaunchKernel", 20, 5, "cuda_driver"),
-                             event("cudaGraphLaunch_v10000", 30, 5), event("aten::mm", 0, 50, "cpu_op")]}
+                             event("cudaEventSynchronize", 250, 20), event("cudaLaunchKernel", 10, 5),
+                             event("cuLaunchKernel", 20, 5, "cuda_driver"), event("cudaLaunchKernelExC_v11060", 30, 5),
+                             event("cudaGraphLaunch", 380, 5), event("aten::mm", 0, 50, "cpu_op")]}
+    # the second batch was fetched after the last step's end: outside the steps, not counted
     assert host_waits(trace) == {"data_wait_share": 0.1, "device_wait_share": 0.2, "step_ms": 0.2,
-                                 "launches_per_step": 1.5}
+                                 "launches_per_step": 2.0}
     assert host_waits({"traceEvents": [event("cudaLaunchKernel", 0, 1)]}) == {"why": "no recorded step"}
 
 

@@ -135,22 +135,25 @@ def device_busy(trace: dict) -> dict:
 # The host's side of a step: the next batch (the DataLoader's annotation); the device, in the runtime calls that block
 # until the work queued before them is done (torch reads a value or copies without non_blocking by a copy, then a
 # stream synchronize; freeing device memory synchronizes too); its own work the rest (Python, launches). A host that
-# never waits runs ahead of the device.
+# never waits runs ahead of the device. Every host thread counts: on a GPU the backward pass launches from its own.
 DATA_WAIT = "enumerate(DataLoader)"
 DEVICE_WAITS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaFree",
-                "cudaFreeHost", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"}
+                "cudaFreeHost"}
 LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch"}
 
 
 def host_waits(trace: dict) -> dict:
     """Shares of the recorded steps' host wall time spent waiting for data and for the device, the mean step, and
     the kernel launches per step (a CUDA graph's replay counts as one)."""
-    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    steps = [e["dur"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    host = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e
+            and e.get("cat") != "gpu_user_annotation"]  # a step's annotation is repeated on the GPU's timeline
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in host if str(e.get("name", "")).startswith("ProfilerStep#")]
     if not steps:
         return {"why": "no recorded step"}
-    named = [(str(e.get("name", "")).split("_v")[0], e["dur"]) for e in events]  # runtime names may carry "_v<N>"
-    span = sum(steps)
+    start, end = min(a for a, _ in steps), max(b for _, b in steps)
+    named = [(str(e.get("name", "")).split("_v")[0], e["dur"]) for e in host  # runtime names may end in "_v<N>"
+             if start <= e["ts"] < end]
+    span = sum(b - a for a, b in steps)
     data = sum(d for n, d in named if n.startswith(DATA_WAIT))
     device = sum(d for n, d in named if n in DEVICE_WAITS)
     return {"data_wait_share": round(data / span, 4), "device_wait_share": round(device / span, 4),
