@@ -70,7 +70,6 @@ def run(argv, callbacks=()):
         setup = load(model_args, data_args, run_args, training_args, clock)
         say(settings)
         status = _train_and_evaluate(setup, callbacks)
-        del setup  # nothing of the run holds its process group when the group goes
     finally:
         lock.release()
     if status == 0:  # once the trainer is gone: a DDP model freed after its gloo group was destroyed hung its rank

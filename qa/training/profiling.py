@@ -112,17 +112,23 @@ class ProfilerCallback(TrainerCallback):
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 
+def recorded_steps(trace: dict) -> tuple:
+    """-> (complete events, each recorded step's (start, end) on the host, in order); not a step: its annotation
+    repeated on the GPU's timeline (gpu_user_annotation)."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    return events, sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") != "gpu_user_annotation"
+                          and str(e.get("name", "")).startswith("ProfilerStep#"))
+
+
 def device_busy(trace: dict) -> dict:
     """The share of the recorded steps' wall time in which the device ran anything: the union of its activity
     intervals over the span from the first step's start on the host to the last step's end or the device's last
     activity, whichever is later (the device runs behind the host). share None when the trace has no device."""
-    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    events, steps = recorded_steps(trace)
     device = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in DEVICE_CATEGORIES)
     if not steps or not device:
         return {"share": None, "why": "no device activity recorded" if steps else "no recorded step"}
-    start = min(e["ts"] for e in steps)
-    end = max(max(e["ts"] + e["dur"] for e in steps), device[-1][1])
+    start, end = steps[0][0], max(steps[-1][1], device[-1][1])
     busy, reach = 0.0, start
     for a, b in device:
         a, b = max(a, reach), min(b, end)
@@ -134,8 +140,8 @@ def device_busy(trace: dict) -> dict:
 
 # The host's side of a step: the next batch (the DataLoader's annotation); the device, in the runtime calls that block
 # until the work queued before them is done (torch reads a value or copies without non_blocking by a copy, then a
-# stream synchronize; freeing device memory synchronizes too); its own work the rest (Python, launches). A host that
-# never waits runs ahead of the device. Every host thread counts: on a GPU the backward pass launches from its own.
+# stream synchronize; freeing device memory synchronizes too); its own work the rest (Python, launches). Every host
+# thread counts: on a GPU the backward pass launches from its own.
 DATA_WAIT = "enumerate(DataLoader)"
 DEVICE_WAITS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaFree",
                 "cudaFreeHost"}
@@ -145,14 +151,11 @@ LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaun
 def host_waits(trace: dict) -> dict:
     """Shares of the recorded steps' host wall time spent waiting for data and for the device, the mean step, and
     the kernel launches per step (a CUDA graph's replay counts as one)."""
-    host = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e
-            and e.get("cat") != "gpu_user_annotation"]  # a step's annotation is repeated on the GPU's timeline
-    steps = [(e["ts"], e["ts"] + e["dur"]) for e in host if str(e.get("name", "")).startswith("ProfilerStep#")]
+    events, steps = recorded_steps(trace)
     if not steps:
         return {"why": "no recorded step"}
-    start, end = min(a for a, _ in steps), max(b for _, b in steps)
-    named = [(str(e.get("name", "")).split("_v")[0], e["dur"]) for e in host  # runtime names may end in "_v<N>"
-             if start <= e["ts"] < end]
+    named = [(str(e.get("name", "")).split("_v")[0], e["dur"]) for e in events  # runtime names may end in "_v<N>"
+             if steps[0][0] <= e["ts"] < steps[-1][1]]
     span = sum(b - a for a, b in steps)
     data = sum(d for n, d in named if n.startswith(DATA_WAIT))
     device = sum(d for n, d in named if n in DEVICE_WAITS)
