@@ -3,6 +3,8 @@ process (in the foreground or the background, by python or torchrun) and its out
 import contextlib
 import functools
 import json
+import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +86,23 @@ def bench_module(name):
         return module
     finally:
         sys.path.remove(str(REPO / "bench"))
+
+
+@contextlib.contextmanager
+def unprivileged():
+    """The block runs as the user nobody when this process is root (CI runs as root, and root passes every
+    permission check, access() included); root stays the saved id, to come back to. Another user is unprivileged
+    already. access() asks with the real ids: both real and effective ones change."""
+    if os.geteuid() != 0:
+        yield
+        return
+    nobody, groups = pwd.getpwnam("nobody"), os.getgroups()
+    os.setgroups([])
+    os.setresgid(nobody.pw_gid, nobody.pw_gid, 0)
+    os.setresuid(nobody.pw_uid, nobody.pw_uid, 0)
+    try:
+        yield
+    finally:
+        os.setresuid(0, 0, 0)
+        os.setresgid(0, 0, 0)
+        os.setgroups(groups)

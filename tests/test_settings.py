@@ -9,13 +9,15 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import typing
+from pathlib import Path
 
 import pytest
 
 from qa.arguments import RULES, DataArguments, Folder, ModelArguments, Number, RunArguments, check_settings, steps
 from qa.errors import InputError
-from tests.helpers import REPO, go_offline, run_qa
+from tests.helpers import REPO, go_offline, run_qa, unprivileged
 
 BASE = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic", "--do_train", "--do_eval",
         "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32", "--use_cpu", "true"]
@@ -143,17 +145,22 @@ def test_output_dir_that_cannot_be_created(offline, capsys):
     assert sorted(p.name for p in offline.iterdir()) == ["results.txt"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders; the file case above runs")
-def test_read_only_output_dir(tmp_path):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o555)
+def test_read_only_output_dir():
+    """A folder this user cannot write into, as root too (then checked as nobody); a writable one beside it passes."""
+    base = Path(tempfile.mkdtemp())  # not tmp_path: pytest keeps that root's alone (0700), nobody could not reach in
     try:
+        base.chmod(0o755)
+        locked, free = base / "locked", base / "free"
+        locked.mkdir(mode=0o555)
+        free.mkdir()
+        free.chmod(0o777)
         rule = Folder("", "")
-        assert rule.problem(str(locked / "out")) == f"cannot be created: {locked} is not writable by this user"
-        assert rule.problem(str(locked)) == "is not writable by this user"
+        with unprivileged():
+            assert rule.problem(str(locked / "out")) == f"cannot be created: {locked} is not writable by this user"
+            assert rule.problem(str(locked)) == "is not writable by this user"
+            assert rule.problem(str(free)) is None and rule.problem(str(free / "out")) is None
     finally:
-        locked.chmod(0o755)
+        shutil.rmtree(base)
 
 
 def test_the_rules_accept_what_transformers_accepts():
