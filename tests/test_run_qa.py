@@ -461,7 +461,7 @@ def test_written_files_take_the_umask(mask, tmp_path, monkeypatch):
     assert all(m == 0o777 & ~mask for m in folders.values()), folders
 
 
-def test_one_error_type_for_every_command(capsys):
+def test_one_error_type_for_every_command(capsys, tmp_path, monkeypatch):
     """InputError stays whole across processes (datasets.map workers), and every command reports
     it the same way: one line, `error: ... Fix: ...`, exit 2."""
     import pickle
@@ -489,7 +489,25 @@ def test_one_error_type_for_every_command(capsys):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         mains.append(module.main)
-    assert all(getattr(m, "__wrapped__", None) is not None for m in mains)  # each runs through `command`
+    # Each runs through `command`: with its body made to refuse, a main says so in one line, ends with 2 and
+    # records the refusal (any functools.wraps wrapper has a __wrapped__; only `command` does this).
+    outcome = tmp_path / "outcome.json"
+    monkeypatch.setenv("QA_OUTCOME_FILE", str(outcome))
+    monkeypatch.delenv("RANK", raising=False)
+    for m in mains:
+        body = m.__wrapped__
+        monkeypatch.setattr(body, "__code__", _refuses.__code__)
+        assert m([]) == EXIT_INPUT_ERROR, body.__qualname__
+        assert capsys.readouterr().err == "error: here: refused. Fix: nothing\n", body.__qualname__
+        assert json.loads(outcome.read_text()) == {"status": 2, "outcome": "refused",
+                                                   "reason": "here: refused. Fix: nothing"}, body.__qualname__
+        outcome.unlink()
+
+
+def _refuses(*args, **kwargs):
+    """A body for a command's main: only its code is used, with the globals of the main it stands in for, so it
+    imports what it raises."""
+    raise __import__("qa.errors", fromlist=["InputError"]).InputError("here", "refused", "nothing")
 
 
 def test_a_command_says_how_it_ended_in_the_outcome_file(tmp_path, monkeypatch, capsys):
