@@ -16,7 +16,7 @@ require_packages("torch", "transformers", "datasets", "accelerate")  # before im
 import torch
 from transformers import default_data_collator, set_seed
 
-from qa.arguments import asks_check, parse_args, split_global_batch
+from qa.arguments import CUDA_GRAPH_MODES, asks_check, check_together, parse_args, split_global_batch
 from qa.console import configure_logging, configure_output, held_back
 from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
@@ -127,6 +127,7 @@ def finalize(training_args, run_args, explicit: set) -> list:
         lines.append(f"global_batch {run_args.global_batch} over {world} processes: per-device batch {batch} "
                      f"(configured {configured}) x gradient accumulation {accumulation}")
         training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps = batch, accumulation
+        check_together(training_args.to_dict())  # the accumulation it set, as if given
     batch, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
     return lines + [f"global batch {batch * world * accumulation} = per-device {batch} x world size {world} x gradient "
                     f"accumulation {accumulation}; learning rate {training_args.learning_rate} (not scaled with the "
@@ -155,8 +156,9 @@ def features_for(setup, train):
             logger.info("%s: %d questions -> %d features (%s)", split, len(examples), len(features[split]),
                         "cached" if hit else "tokenized")
         if not data.pad_to_max_length:  # dynamic padding, to a few lengths (qa/data/collate.py)
+            # fixed widths: fixed rows too, so that a static compile sees len(length_buckets) shapes
             collator = BucketPaddingCollator(setup.tokenizer, data.max_seq_length, data.pad_to_multiple_of,
-                                             data.length_buckets)
+                                             data.length_buckets, data.length_buckets and args.train_batch_size)
             if "train" in features and args.train_sampling_strategy == "group_by_length":
                 features["train"] = add_length_column(features["train"])  # lengths for the sampler, read at once
     return features, collator
@@ -239,7 +241,8 @@ def _train_and_evaluate(setup, extra_callbacks):
         return EXIT_INTERRUPTED
     ranks = every_rank(setup.clock.seconds)
     if main:
-        compiled = {"compiled": compile_outcome()} if args.torch_compile else {}
+        graphs = args.torch_compile_mode in CUDA_GRAPH_MODES
+        compiled = {"compiled": compile_outcome(graphs)} if args.torch_compile else {}
         if compiled.get("compiled") == "yes":  # what the next jobs may reuse
             record_compile_cache()
         wall = time.time() - setup.clock.started  # from the process's start: imports are part of a job's cost

@@ -21,10 +21,11 @@ timed window (`--telemetry_window`) gives the counts and seconds compared here):
   window (steps/s), beside `fast` in the same run and repeats (`instruments_off` in the report);
 - opt-in (`--variants`): `fast_no_compile`; `fast_static64` (lengths padded to multiples of
   64, one static graph per length: the alternative to dynamic-shape compilation); `fast_cudagraphs`
-  (the whole model compiled with torch.compile's reduce-overhead mode over four static widths: CUDA
-  graphs replay each step's kernels, against the host overhead the GPU profile showed); `fast_b128`,
+  (`fast_whole_model` with torch.compile's reduce-overhead mode: CUDA graphs replay each step's kernels,
+  against the host overhead the GPU profile showed); `fast_b128`,
   `fast_b256` (larger batches, the lr by the square-root rule); `fast_whole_model` (the whole model compiled as
-  one graph instead of each encoder layer: fewer compiled calls, and their guards, per step).
+  one graph instead of each encoder layer, over six static widths and full batches: one graph per width, fewer
+  compiled calls, and their guards, per step).
 
 The model is randomly initialised (the bert-base shape costs exactly what the pretrained model
 costs; no download). Each variant trains WARMUP steps (compilation, DataLoader start-up, cuDNN
@@ -100,8 +101,11 @@ NO_INSTRUMENTS = {"telemetry": False, "checkpoint_on_sigterm": False, "log_lines
 # Larger batches: fast computes about 8k real tokens a step, little for an H100. The learning rate
 # follows the square-root rule (Malladi et al. 2022) from fast's measured point (batch 48, lr 1e-4).
 BATCH_VARIANTS = {"fast_b128": 128, "fast_b256": 256}
-# Static widths for CUDA graphs: each is one recorded graph per grad mode (pytorch#188150: a graph per new shape).
-CUDAGRAPH_BUCKETS = [128, 192, 256, 384]
+# Static widths: one compiled graph (and one CUDA graph) each (pytorch#188150: a graph per new shape); the 6 widths in
+# multiples of 16 that compute the fewest tokens on SQuAD dev (bench/bench_widths.py: 12.6% padding, 1.10x the tokens
+# of fast.json's multiples of 8)
+STATIC_WIDTHS = [128, 160, 192, 224, 288, 384]
+WHOLE_MODEL_STATIC = dict(length_buckets=STATIC_WIDTHS, compile_dynamic="false", compile_regional=False)
 EXTRA_VARIANTS = ("fast_no_compile", "fast_static64", "fast_cudagraphs", "fast_whole_model", *BATCH_VARIANTS)
 
 
@@ -139,10 +143,9 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
     elif name == "fast_static64":
         settings.update(pad_to_multiple_of=64, compile_dynamic="false")
     elif name == "fast_cudagraphs":  # CUDA graphs need static shapes; per-layer graphs overwrite each other's outputs
-        settings.update(length_buckets=CUDAGRAPH_BUCKETS, compile_dynamic="false", compile_regional=False,
-                        torch_compile_mode="reduce-overhead")
+        settings.update(WHOLE_MODEL_STATIC, torch_compile_mode="reduce-overhead")
     elif name == "fast_whole_model":
-        settings.update(compile_regional=False)
+        settings.update(WHOLE_MODEL_STATIC)
     elif name == "fast_no_instruments":
         settings.update(NO_INSTRUMENTS)
     elif name in BATCH_VARIANTS:

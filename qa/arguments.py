@@ -171,7 +171,8 @@ class DataArguments:
     max_query_length: int = arg(64, count("questions are cut to this many tokens", "use a positive value, e.g. 64"))
     pad_to_max_length: bool = arg(True, help="Pad every feature to max_seq_length; false pads each batch dynamically.")
     pad_to_multiple_of: int = arg(8, count("dynamic padding rounds a batch up to a multiple of it", "use e.g. 8"))
-    length_buckets: list[int] | None = arg(None, _buckets, "Dynamic padding to the smallest that holds the batch.")
+    length_buckets: list[int] | None = arg(None, _buckets, "Dynamic padding to the smallest that holds the batch; "
+                                           "an epoch's last training batch filled with rows the loss ignores.")
     max_train_samples: int | None = arg(None, _SAMPLES)
     max_eval_samples: int | None = arg(None, _SAMPLES)
     max_predict_samples: int | None = arg(None, _SAMPLES)
@@ -273,6 +274,9 @@ IDLE_WITHOUT = {"compile_warmup": ("torch_compile", "the run does not compile: n
                 "fsdp_reduce_dtype": ("fsdp", "the run does not shard with FSDP")}
 
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
 def check_together(values: dict, off=()) -> list:
     """Every rule between settings (and split_global_batch, which the job scripts ask through main): InputError on a
     setting that means nothing without another, or does not fit it; -> notes on the ones left idle. `off`: settings
@@ -290,10 +294,27 @@ def check_together(values: dict, off=()) -> list:
         if values.get("eval_every") is not None and values["do_train"] and not evaluates:
             raise InputError(f"eval_every={values['eval_every']:g}", "evaluates during training, on the validation "
                              "split", "pass --do_eval with it, or leave --eval_every out")
+    if values.get("torch_compile") and (mode := values.get("torch_compile_mode")) in CUDA_GRAPH_MODES:
+        check_cuda_graphs(f"torch_compile_mode={mode}", values)
     idle = {**IDLE_WITHOUT, **{name: (needed, f"unused: {RULES[name].means}") for name, needed in NEEDS.items()
                                if needed in off}}
     return [f"--{name} {_plain(values[name])}: {why} (--{needed} is off)" for name, (needed, why) in idle.items()
             if values.get(name) not in (None, False, "auto") and not values.get(needed)]
+
+
+def check_cuda_graphs(setting: str, values: dict) -> None:
+    """CUDA graphs (the modes that record them) replay each batch shape's recorded step: what that rules out (the
+    accumulation first: run_qa.finalize asks again once --global_batch has set it)."""
+    if (accumulation := values.get("gradient_accumulation_steps") or 1) > 1:
+        raise InputError(f"{setting}, gradient_accumulation_steps={accumulation}", "a replayed step cannot "
+                         "accumulate gradients over micro-batches (pytorch#169545)",
+                         "pass --gradient_accumulation_steps 1, or leave --torch_compile_mode out")
+    if values.get("compile_regional"):
+        raise InputError(f"{setting}, compile_regional=true", "the graph of one layer, replayed for every layer, "
+                         "overwrites its own outputs (pytorch#152887)", "pass --compile_regional false")
+    if values.get("compile_dynamic") != "false" or not values.get("length_buckets"):
+        raise InputError(setting, "records a CUDA graph for every batch shape, so it needs a few fixed widths",
+                         "pass --compile_dynamic false --length_buckets 128 160 192 224 288 384")
 
 
 def check_window(max_seq_length: int, doc_stride: int, max_query_length: int, special_tokens=PAIR_SPECIAL_TOKENS):

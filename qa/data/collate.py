@@ -23,11 +23,14 @@ class BucketPaddingCollator:
     of `pad_to_multiple_of` up to `max_seq_length`. On the right whatever the tokenizer's side: labels and offsets
     count tokens from the left, as in utils_qa.py. Columns other than token ids and integer labels are dropped."""
 
-    def __init__(self, tokenizer, max_seq_length: int, pad_to_multiple_of: int = 8, length_buckets=None):
+    def __init__(self, tokenizer, max_seq_length: int, pad_to_multiple_of: int = 8, length_buckets=None, rows=None):
+        """`rows`: training batches (those with start_positions) of fewer rows are filled up to it with rows the loss
+        ignores (start and end at the width, BERT's ignore index), each attending to its first token only."""
         self.pad_values = {"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id}
         self.max_seq_length = max_seq_length
         self.multiple = pad_to_multiple_of
         self.buckets = length_buckets or ()
+        self.rows = rows
 
     def target_length(self, longest: int) -> int:
         rounded = -(-longest // self.multiple) * self.multiple
@@ -37,6 +40,11 @@ class BucketPaddingCollator:
         import torch
 
         length = self.target_length(max(len(f["input_ids"]) for f in features))
+        if self.rows and "start_positions" in features[0] and len(features) < self.rows:
+            filler = {"input_ids": [self.pad_values["input_ids"]], "token_type_ids": [0], "attention_mask": [1],
+                      "start_positions": length, "end_positions": length}
+            row = {k: filler.get(k, v) for k, v in features[0].items()}
+            features = [*features, *[row] * (self.rows - len(features))]
         batch = {}
         for key, value in features[0].items():
             if isinstance(value, (list, tuple, np.ndarray)) and isinstance(value[0], (int, np.integer)):

@@ -16,6 +16,7 @@ import torch.fx.experimental._config as shapes
 from transformers import AttentionInterface, AttentionMaskInterface, TrainerCallback
 from transformers.masking_utils import sdpa_mask
 
+from qa.arguments import CUDA_GRAPH_MODES
 from qa.data.collate import feature_lengths
 from qa.evaluation.time_to_accuracy import rng_kept
 from qa.io import DISK_FULL, DiskFull, atomic_write_json, disk_full, read_record, refuses_writes
@@ -156,6 +157,7 @@ def compile_stats(since=None) -> dict:
              # a frame past the limit runs eagerly from then on; dynamo files it under the "unimplemented" counters
              "recompile_limit_hits": int(sum(n for msg, n in counters["unimplemented"].items()
                                              if "recompile limit" in msg.lower())),
+             "cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0)),  # graphs run without them
              **{f"{name}_{outcome}": int(counters[kind].get(f"{name}_{outcome}", 0))
                 for kind, name in (("inductor", "fxgraph_cache"), ("aot_autograd", "autograd_cache"))
                 for outcome in ("hit", "miss")},
@@ -165,9 +167,10 @@ def compile_stats(since=None) -> dict:
     return stats if since is None else {k: v - since[k] for k, v in stats.items()}
 
 
-def compile_outcome() -> str:
+def compile_outcome(cuda_graphs: bool = False) -> str:
     """For a compiled run's results, from dynamo's counters: 'yes' only when it made graphs and every frame it
-    tried compiled; else 'fell back: <why>' (an error, the recompile limit, a frame left eager, no graph)."""
+    tried compiled; else 'fell back: <why>' (an error, the recompile limit, a frame left eager, no graph). With
+    `cuda_graphs` asked, whether they ran: inductor runs a graph it cannot record as compiled code."""
     stats = compile_stats()
     if COMPILE_FAILURES.reason is not None:
         return f"fell back: {COMPILE_FAILURES.reason}"
@@ -178,6 +181,10 @@ def compile_outcome() -> str:
         return f"fell back: {failed} of {stats['compiles']} frames failed to compile and ran eagerly"
     if not stats["unique_graphs"]:
         return "fell back: no graph was compiled"
+    if cuda_graphs and stats["cudagraph_skips"]:
+        logger.warning("CUDA graphs were skipped for %d compiled graph(s): they ran as compiled code without them "
+                       "(on a GPU torch's log says why, TORCH_LOGS=cudagraphs)", stats["cudagraph_skips"])
+        return f"yes, without CUDA graphs ({stats['cudagraph_skips']} compiled graph(s) skipped them)"
     return "yes"
 
 
@@ -219,8 +226,9 @@ def training_shapes(trainer) -> list:
     args = trainer.args
     lengths = feature_lengths(trainer.train_dataset)
     width_of = getattr(trainer.data_collator, "target_length", lambda longest: longest)
-    # Under DDP accelerate fills every rank's last batch up to full size (even_batches): no smaller one.
-    last = 0 if args.dataloader_drop_last or args.world_size > 1 else len(lengths) % args.per_device_train_batch_size
+    # Under DDP accelerate fills every rank's last batch up to full size (even_batches), a collator with rows too
+    filled = args.dataloader_drop_last or args.world_size > 1 or getattr(trainer.data_collator, "rows", None)
+    last = 0 if filled else len(lengths) % args.per_device_train_batch_size
     return batch_shapes(lengths, args.per_device_train_batch_size, width_of, last)
 
 
@@ -238,8 +246,9 @@ class CompileWarmupCallback(TrainerCallback):
         started, before = time.perf_counter(), compile_stats()
         shapes = training_shapes(trainer)
         model = trainer.model_wrapped
+        passes = 2 if args.torch_compile_mode in CUDA_GRAPH_MODES else 1  # CUDA graphs record at a shape's second
         with trainer.clock.phase("compile_warmup"), rng_kept():
-            for _, rows in shapes:
+            for _, rows in shapes * passes:
                 forward_backward(trainer, model, collate_rows(trainer, rows))
             model.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - started

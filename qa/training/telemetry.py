@@ -110,12 +110,13 @@ class _Counts:
     def __init__(self):
         self.steps = self.samples = self.batch_tokens = self.real_tokens = self.sum_sq = 0
         self.step_s = self.data_s = 0.0
-        self.pending = None  # device tensor [real tokens, sum of squared real lengths]
+        self.pending = None  # device tensor [real tokens, sum of squared real lengths, samples]
 
     def snapshot(self, since=None) -> dict:
         if self.pending is not None:
-            real, sum_sq = (int(v) for v in self.pending.tolist())  # one device sync
-            self.real_tokens, self.sum_sq, self.pending = self.real_tokens + real, self.sum_sq + sum_sq, None
+            for name, value in zip(("real_tokens", "sum_sq", "samples"), self.pending.tolist()):  # one device sync
+                setattr(self, name, getattr(self, name) + int(value))
+            self.pending = None
         return {name: getattr(self, name) - (since[name] if since else 0) for name in self.FIELDS}
 
 
@@ -155,10 +156,11 @@ class TelemetryCallback(TrainerCallback):
         mask = kwargs["attention_mask"]  # the Trainer's batches always have it: every run's features do
         with torch.no_grad():
             lengths = mask.reshape(mask.shape[0], -1).to(torch.int64).sum(dim=1)
-            counts = torch.stack([lengths.sum(), (lengths * lengths).sum()])
+            if (start := kwargs.get("start_positions")) is not None:  # rows the loss ignores fill a batch: no samples
+                lengths = lengths * (start < mask.shape[-1])
+            counts = torch.stack([lengths.sum(), (lengths * lengths).sum(), (lengths > 0).sum()])
             w = self.counts
             w.pending = counts if w.pending is None else w.pending + counts
-        w.samples += mask.shape[0]
         w.batch_tokens += mask.numel()
 
     def on_step_begin(self, args, state, control, **kwargs):
