@@ -65,6 +65,20 @@ def losses(out):
     return [e["loss"] for e in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in e]
 
 
+def assert_complete_checkpoint(folder, step):
+    """`folder` is a checkpoint the project would resume from at `step`: marked complete there, its marker listing
+    the weights, the optimizer and the trainer state, and every listed file as it was saved (Checkpoints.verify)."""
+    from qa.training.checkpoints import COMPLETE_MARKER, Checkpoints
+
+    folder = Path(folder)
+    marker = json.loads((folder / COMPLETE_MARKER).read_text())
+    assert marker["global_step"] == step, (folder.name, marker["global_step"])
+    listed = set(marker["files"])
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= listed, (folder.name, sorted(listed))
+    assert (problem := Checkpoints.verify(folder)) is None, f"{folder.name}: {problem}"
+    assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == step, folder.name
+
+
 def go_offline(monkeypatch, hf_home, drop=()):
     """For run_qa.main in-process: no network, the Hugging Face cache in `hf_home`, and the
     variables named in `drop` unset."""

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from qa.errors import CTRL_C, EXIT_CTRL_C
-from tests.helpers import REPO, TORCHRUN, run_qa, running
+from tests.helpers import REPO, TORCHRUN, assert_complete_checkpoint, run_qa, running
 from tests.test_run_qa import _env
 
 pytestmark = pytest.mark.slow  # gloo process groups and torchrun runs: tens of seconds each
@@ -120,7 +120,7 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_with_a_complete_checkpoint(t
     stopped = re.findall(r"signal received: saving checkpoint-(\d+) and stopping", text)
     assert len(stopped) == 2 and len(set(stopped)) == 1, text[-3000:]  # each rank once, the same step
     step = int(stopped[0])
-    assert (out / f"checkpoint-{step}" / "checkpoint_complete.json").is_file()
+    assert_complete_checkpoint(out / f"checkpoint-{step}", step)
     state = json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())
     assert state["global_step"] == step and state["global_step"] < state["max_steps"]
     assert "interrupted by SIGTERM" in text and not (out / "all_results.json").exists()
@@ -175,7 +175,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path, tmp_p
     step = int(re.findall(r"signal received: saving checkpoint-(\d+) and stopping", text)[0])
     assert (f"interrupted by Ctrl-C (on this or another rank): checkpoint-{step} saved in {out}; rerun (--resume auto) "
             "to continue") in text, text[-1000:]
-    assert (out / f"checkpoint-{step}" / "checkpoint_complete.json").is_file()
+    assert_complete_checkpoint(out / f"checkpoint-{step}", step)
     assert not (out / "run.lock").exists() and not (out / "all_results.json").exists()
 
     rerun = run_qa([*LONG, "--max_steps", str(step + 2), "--output_dir", str(out)], env)
@@ -227,7 +227,7 @@ def test_ctrl_c_under_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(tm
     text = log.read_text()
     stopped = re.findall(r"signal received: saving checkpoint-(\d+) and stopping", text)
     assert len(stopped) == 2 and len(set(stopped)) == 1, text[-3000:]  # each rank once, the same step
-    assert (out / f"checkpoint-{stopped[0]}" / "checkpoint_complete.json").is_file()
+    assert_complete_checkpoint(out / f"checkpoint-{stopped[0]}", int(stopped[0]))
     assert text.count("interrupted by Ctrl-C (on this or another rank)") == 2, text[-3000:]
     assert "KeyboardInterrupt" not in text and 'run_qa.py", line' not in text, text[-3000:]
     outcome = json.loads((tmp_path / "outcome.json").read_text())

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, TORCHRUN, go_offline, losses, results, run_qa
+from tests.helpers import REPO, TORCHRUN, assert_complete_checkpoint, go_offline, losses, results, run_qa
 
 SMOKE = str(REPO / "configs" / "smoke.json")  # the README's main job
 # A tiny random BERT on generated data: seconds per run; used where only agreement matters.
@@ -287,7 +287,7 @@ def test_checkpoints_are_marked_rotated_and_resumed(tmp_path, tmp_path_factory):
     proc = run_qa([*common, "--max_steps", "4"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]
-    assert (out / "checkpoint-4" / "checkpoint_complete.json").is_file()
+    assert_complete_checkpoint(out / "checkpoint-4", 4)
     torn = out / "checkpoint-9"
     torn.mkdir()
     (torn / "config.json").write_text("{")  # what a job killed mid-save leaves
