@@ -20,7 +20,7 @@ from transformers.integrations import TensorBoardCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import EvalLoopOutput, rotate_checkpoints, speed_metrics
 
-from tests.helpers import REPO
+from tests.helpers import REPO, assert_complete_checkpoint, losses
 
 OLDEST = "5.17"
 # Set by .ci/run: the Python of an environment with the oldest release of the range.
@@ -152,13 +152,13 @@ def test_oldest_release_trains_evaluates_and_predicts(tmp_path):
     record = json.loads((out / "environment.json").read_text())
     assert record["versions"]["transformers"].startswith(OLDEST + "."), record["versions"]
     results = json.loads((out / "all_results.json").read_text())
-    assert results["train_loss"] > 0 and 0 <= results["eval_f1"] <= 100 and results["eval_examples"] == 40
-    assert 0 <= results["predict_f1"] <= 100 and results["predict_examples"] == 40
+    # Its F1 on 40 questions hardly tells a trained model (4.5 here) from an untrained one (3.7): its loss does
+    logged = losses(out)
+    assert len(logged) >= 5 and logged[-1] < logged[0] - 0.5, logged  # 4.62 down to 3.49 (seed 42)
+    assert results["eval_examples"] == 40 and results["predict_examples"] == 40
     assert len(json.loads((out / "predict_predictions.json").read_text())) == 40
     assert results["train_setup"]["sampler"] == "LengthGroupedSampler"
     state = json.loads((out / "trainer_state.json").read_text())
     checkpoints = sorted(p.name for p in out.glob("checkpoint-*"))
     assert checkpoints == [f"checkpoint-{state['global_step']}"], checkpoints  # rotated after marking
-    assert (out / checkpoints[0] / "checkpoint_complete.json").is_file()
-    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
-    assert losses[-1] < losses[0], losses
+    assert_complete_checkpoint(out / checkpoints[0], state["global_step"])
