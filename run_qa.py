@@ -29,7 +29,7 @@ from qa.results.records import environment_record, finish_run, loss_figures, sav
 from qa.results.wall_clock import PhaseClock
 from qa.training.callbacks import install, run_callbacks, summary
 from qa.training.checkpoints import Checkpoints, progress
-from qa.training.compile import compile_outcome, record_compile_cache
+from qa.training.compile import compile_outcome, cuda_graphs_outcome, record_compile_cache
 from qa.training.flops import settle_tf32
 from qa.training.preemption import Interrupted, interrupted_by_sigterm
 from qa.training.runlock import RunLock
@@ -241,8 +241,9 @@ def _train_and_evaluate(setup, extra_callbacks):
         return EXIT_INTERRUPTED
     ranks = every_rank(setup.clock.seconds)
     if main:
-        graphs = args.torch_compile_mode in CUDA_GRAPH_MODES
-        compiled = {"compiled": compile_outcome(graphs)} if args.torch_compile else {}
+        compiled = {"compiled": compile_outcome()} if args.torch_compile else {}
+        if args.torch_compile and args.torch_compile_mode in CUDA_GRAPH_MODES:
+            compiled["cuda_graphs"] = cuda_graphs_outcome()
         if compiled.get("compiled") == "yes":  # what the next jobs may reuse
             record_compile_cache()
         wall = time.time() - setup.clock.started  # from the process's start: imports are part of a job's cost

@@ -24,8 +24,8 @@ timed window (`--telemetry_window`) gives the counts and seconds compared here):
   (`fast_whole_model` with torch.compile's reduce-overhead mode: CUDA graphs replay each step's kernels,
   against the host overhead the GPU profile showed); `fast_b128`,
   `fast_b256` (larger batches, the lr by the square-root rule); `fast_whole_model` (the whole model compiled as
-  one graph instead of each encoder layer, over six static widths and full batches: one graph per width, fewer
-  compiled calls, and their guards, per step).
+  one graph instead of each encoder layer, over six fixed widths and full batches: fewer compiled calls, and their
+  guards, per step).
 
 The model is randomly initialised (the bert-base shape costs exactly what the pretrained model
 costs; no download). Each variant trains WARMUP steps (compilation, DataLoader start-up, cuDNN
@@ -101,11 +101,11 @@ NO_INSTRUMENTS = {"telemetry": False, "checkpoint_on_sigterm": False, "log_lines
 # Larger batches: fast computes about 8k real tokens a step, little for an H100. The learning rate
 # follows the square-root rule (Malladi et al. 2022) from fast's measured point (batch 48, lr 1e-4).
 BATCH_VARIANTS = {"fast_b128": 128, "fast_b256": 256}
-# Static widths: one compiled graph (and one CUDA graph) each (pytorch#188150: a graph per new shape); the 6 widths in
-# multiples of 16 that compute the fewest tokens on SQuAD dev (bench/bench_widths.py: 12.6% padding, 1.10x the tokens
-# of fast.json's multiples of 8)
+# Fixed widths: one CUDA graph recorded for each (pytorch#188150: a graph per new shape) from one compiled graph with
+# symbolic lengths; the 6 widths in multiples of 16 that compute the fewest tokens on SQuAD dev (bench/bench_widths.py:
+# 12.6% padding, 1.10x the tokens of fast.json's multiples of 8)
 STATIC_WIDTHS = [128, 160, 192, 224, 288, 384]
-WHOLE_MODEL_STATIC = dict(length_buckets=STATIC_WIDTHS, compile_dynamic="false", compile_regional=False)
+WHOLE_MODEL_STATIC = dict(length_buckets=STATIC_WIDTHS, compile_regional=False)
 EXTRA_VARIANTS = ("fast_no_compile", "fast_static64", "fast_cudagraphs", "fast_whole_model", *BATCH_VARIANTS)
 
 
@@ -341,6 +341,7 @@ def summarise(name, raw, size, peak_flops_per_s):
         "host_waits": res.get("train_profile_host_waits"),
         "compile": setup.get("compile"),
         "compiled": res.get("compiled"),  # the run's own verdict from dynamo's counters (None: not compiled)
+        "cuda_graphs": res.get("cuda_graphs"),  # whether the CUDA graphs asked for ran (None: not asked)
         "compiles_in_window": res.get("train_window_compiles"),
         "recompiles_in_window": res.get("train_window_recompiles"),
         "compile_warmup_s": res.get("compile_warmup_s"),

@@ -312,9 +312,9 @@ def check_cuda_graphs(setting: str, values: dict) -> None:
     if values.get("compile_regional"):
         raise InputError(f"{setting}, compile_regional=true", "the graph of one layer, replayed for every layer, "
                          "overwrites its own outputs (pytorch#152887)", "pass --compile_regional false")
-    if values.get("compile_dynamic") != "false" or not values.get("length_buckets"):
+    if not values.get("length_buckets"):
         raise InputError(setting, "records a CUDA graph for every batch shape, so it needs a few fixed widths",
-                         "pass --compile_dynamic false --length_buckets 128 160 192 224 288 384")
+                         "pass --length_buckets 128 160 192 224 288 384")
 
 
 def check_window(max_seq_length: int, doc_stride: int, max_query_length: int, special_tokens=PAIR_SPECIAL_TOKENS):

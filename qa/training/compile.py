@@ -167,10 +167,9 @@ def compile_stats(since=None) -> dict:
     return stats if since is None else {k: v - since[k] for k, v in stats.items()}
 
 
-def compile_outcome(cuda_graphs: bool = False) -> str:
+def compile_outcome() -> str:
     """For a compiled run's results, from dynamo's counters: 'yes' only when it made graphs and every frame it
-    tried compiled; else 'fell back: <why>' (an error, the recompile limit, a frame left eager, no graph). With
-    `cuda_graphs` asked, whether they ran: inductor runs a graph it cannot record as compiled code."""
+    tried compiled; else 'fell back: <why>' (an error, the recompile limit, a frame left eager, no graph)."""
     stats = compile_stats()
     if COMPILE_FAILURES.reason is not None:
         return f"fell back: {COMPILE_FAILURES.reason}"
@@ -181,10 +180,16 @@ def compile_outcome(cuda_graphs: bool = False) -> str:
         return f"fell back: {failed} of {stats['compiles']} frames failed to compile and ran eagerly"
     if not stats["unique_graphs"]:
         return "fell back: no graph was compiled"
-    if cuda_graphs and stats["cudagraph_skips"]:
-        logger.warning("CUDA graphs were skipped for %d compiled graph(s): they ran as compiled code without them "
-                       "(on a GPU torch's log says why, TORCH_LOGS=cudagraphs)", stats["cudagraph_skips"])
-        return f"yes, without CUDA graphs ({stats['cudagraph_skips']} compiled graph(s) skipped them)"
+    return "yes"
+
+
+def cuda_graphs_outcome() -> str:
+    """For a run that asked for CUDA graphs: 'yes', or 'skipped' where inductor ran compiled graphs without them
+    (it runs a graph it cannot record, or any on a CPU, as compiled code)."""
+    if skips := compile_stats()["cudagraph_skips"]:
+        logger.warning("CUDA graphs were skipped by %d compiled graph(s), which ran without them (on a GPU, "
+                       "TORCH_LOGS=cudagraphs says why)", skips)
+        return "skipped"
     return "yes"
 
 
