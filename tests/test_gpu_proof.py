@@ -72,7 +72,7 @@ def test_calls_add_up_and_each_comes_back_small(rehearsal):
     assert all(r["status"] == "ok" for r in call1["pieces"].values()), call1["pieces"]
     # the second call runs the preflight and only what the first left
     assert call2["already_done"] == sorted(["bench", *PARITY.split(",")])
-    assert list(call2["pieces"]) == ["preflight", "train", "attempts", "train-warm", "check", "variants"]
+    assert list(call2["pieces"]) == ["preflight", "attempts", "train", "train-warm", "check", "variants"]
     assert call2["pieces"]["attempts"]["attempts_run"] == bench_module("gpu_proof").ATTEMPT_VARIANTS  # all fit here
     assert all(r["status"] == "ok" for r in call2["pieces"].values()), call2["pieces"]
     for out in (out1, out2):
@@ -95,6 +95,7 @@ def test_every_piece_brings_its_figures(rehearsal):
     gp = bench_module("gpu_proof")
     attempts = json.loads((results / "attempts.json").read_text())["findings"]
     assert list(attempts["variants"]) == gp.ATTEMPT_VARIANTS  # every attempt in one call, each against its fast
+    assert attempts["variants"]["fast_cudagraphs"]["cuda_graphs"] == "skipped"  # none on a CPU, and the record says so
     for variant, figures in attempts["variants"].items():
         assert figures["compiled"] == "yes" and figures["x_fast"] > 0 and figures["x_reference_bf16"] > 0, variant
         assert figures["recipe_hash"] == recipe_hash(variant) and figures["call"] in attempts["calls"]
@@ -278,8 +279,8 @@ def test_attempts_add_up_across_calls_and_fit_their_time(tmp_path, monkeypatch):
     gp = bench_module("gpu_proof")
     est = gp.VARIANT_ESTIMATES["gpu"]
     plan, need = gp.attempt_plan("gpu", tmp_path, 1000)
-    # the cheapest attempts first, beside reference_bf16 and fast, within the piece's 6 minutes
-    assert plan[0] == "fast_b256" and need <= gp.ATTEMPTS_S
+    # CUDA graphs first, beside reference_bf16 and fast, within the piece's 8 minutes
+    assert plan[0] == "fast_cudagraphs" and need <= gp.ATTEMPTS_S
     assert need == est["setup"] + sum(est[v] for v in gp.BASE_VARIANTS + plan)
     assert gp.attempt_plan("gpu", tmp_path, 100) == ([], est["setup"] + est["reference_bf16"] + est["fast"])
 
