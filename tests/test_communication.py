@@ -157,9 +157,8 @@ def test_measurement_does_not_change_training(runs):
     measured, unmeasured = results(runs["measured"]), results(runs["unmeasured"])
     assert measured["train_loss"] == unmeasured["train_loss"]
     assert not [k for k in unmeasured if k.startswith("comm_")]  # the study's instrument is opt-in
-    for a, b in zip(*(json.loads((runs[k] / "trainer_state.json").read_text())["log_history"]
-                      for k in ("measured", "unmeasured"))):
-        assert a.get("loss") == b.get("loss")
+    logged = {k: logged_losses(runs[k]) for k in ("measured", "unmeasured")}
+    assert len(logged["measured"]) >= 5 and logged["measured"] == logged["unmeasured"], logged  # each loss, in order
 
 
 @pytest.mark.slow
