@@ -19,7 +19,9 @@ held-out question. Recipes:
   switches or the batch/lr moved the F1;
 - `fast_b128`, `fast_b256`: fast with larger batches, the lr by the square-root rule from fast's
   (bench/run_bench.py); on a CPU a batch over CPU_MICRO_BATCH is accumulated from micro-batches of
-  that size (memory), the same optimizer steps.
+  that size (memory), the same optimizer steps;
+- `fast_whole_model`: run_bench.py's variant, the whole model compiled over fixed widths and full batches (on a CPU
+  uncompiled: what it changes in the numbers, the widths' padding and the filled batches' rows).
 Every recipe runs with every seed (`--seeds`), in the order seed by seed, so that runs sharing the
 machine at a time are of different recipes and see the same load. Each finished run is written at
 once to `bench/results/time-to-f1-<size>-<device>/runs/<recipe>-seed<N>.json`, and the report
@@ -42,7 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from run_bench import BATCH_VARIANTS, RESULTS, REFERENCE, _slug, data_source, variant_settings  # the script beside this one
+from run_bench import (BATCH_VARIANTS, RESULTS, REFERENCE, _slug, data_source, fit_widths,  # the script beside this one
+                       variant_settings)
 
 from dev_set import require_squad_dev, squad_dev_path  # the script beside this one
 from qa.arguments import to_flags
@@ -62,7 +65,7 @@ SIZES = {
     "smoke": dict(max_seq_length=128, doc_stride=48, max_query_length=32, train_articles="2:3",
                   validation_articles="42:43", epochs=1, eval_every=0.5, eval_questions=60, jobs=2),
 }
-RECIPES = ("reference", "fast", "fast_b12", *BATCH_VARIANTS)
+RECIPES = ("reference", "fast", "fast_b12", *BATCH_VARIANTS, "fast_whole_model")
 CPU_MICRO_BATCH = 16
 SEEDS = (42, 43)
 RUN_KEYS = ("eval_f1", "eval_exact_match", "eval_loss", "train_loss", "train_runtime", "train_samples_per_second",
@@ -85,6 +88,8 @@ def recipe_settings(name, on_gpu):
             settings.update(per_device_train_batch_size=CPU_MICRO_BATCH, global_batch=batch)
             notes.append(f"batch {batch} as {batch // CPU_MICRO_BATCH} accumulated micro-batches of {CPU_MICRO_BATCH} "
                          "(a CPU run's memory)")
+    elif name == "fast_whole_model":  # on a CPU uncompiled: fast with its fixed widths and full batches
+        settings, notes = variant_settings(name, on_gpu, cpu_compile=False)
     elif name != "fast":
         raise InputError("--recipes", f"unknown recipe {name!r}", f"choose from {', '.join(RECIPES)}")
     return settings, notes
@@ -92,6 +97,7 @@ def recipe_settings(name, on_gpu):
 
 def run_argv(name, seed, args, size, out, on_gpu):
     settings, notes = recipe_settings(name, on_gpu)
+    fit_widths(settings, size["max_seq_length"])
     argv = ["--model_name_or_path", args.model, "--train_file", str(args.dev), "--validation_file", str(args.dev),
             "--train_articles", size["train_articles"], "--validation_articles", size["validation_articles"],
             "--do_train", "--do_eval", "--num_train_epochs", str(size["epochs"]),
@@ -258,7 +264,7 @@ def plot(report, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = dict(zip(RECIPES, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    colours = dict(zip(RECIPES, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")))
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in report["runs"]:
         xs = [0] + [e["train_seconds"] for e in r["curve"]]

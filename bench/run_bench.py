@@ -167,6 +167,12 @@ def variant_settings(name: str, on_gpu: bool, cpu_compile: bool) -> tuple:
     return settings, notes
 
 
+def fit_widths(settings: dict, longest: int) -> None:
+    """A variant's fixed widths at a size's max_seq_length: those below it, and it."""
+    if settings.get("length_buckets"):
+        settings["length_buckets"] = [b for b in settings["length_buckets"] if b < longest] + [longest]
+
+
 def _device_name():
     import torch
 
@@ -181,9 +187,7 @@ def _slug(text: str) -> str:
 
 def run_variant(name, args, size, model_dir, work, on_gpu, peak, log, extra_args=()):
     settings, notes = variant_settings(name, on_gpu, args.cpu_compile)
-    if settings.get("length_buckets"):  # the widths this size has, its longest included
-        longest = size["max_seq_length"]
-        settings["length_buckets"] = [b for b in settings["length_buckets"] if b < longest] + [longest]
+    fit_widths(settings, size["max_seq_length"])
     # every variant sets its batch (REFERENCE, configs/fast.json): nothing falls back to a default
     batch = int(settings["per_device_train_batch_size"]) * int(settings.get("gradient_accumulation_steps", 1))
     timed = max(1, math.ceil(args.timed_samples / batch))

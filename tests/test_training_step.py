@@ -6,7 +6,7 @@ per-step work (trainer_qa.py): its FLOP count without a walk of the modules, gra
 import pytest
 import torch
 
-from tests.helpers import minilm_tokenizer, results
+from tests.helpers import losses, minilm_tokenizer
 from tests.test_compile import _record, _run, needs_compile
 
 CUDA_GRAPHS = ["--torch_compile_mode", "reduce-overhead", "--compile_regional", "false", "--length_buckets", "128", "384"]
@@ -57,11 +57,16 @@ def test_the_whole_model_compiles_once_for_every_width(tmp_path):
     """14 features in batches of 4 at widths 32, 64 and 128 (sequential): the last batch holds 2 features and is
     filled to 4 rows. The whole model compiled with symbolic lengths and CUDA graphs asked (on a GPU, one recorded
     per width), warmed up: one graph, no graph break, nothing compiled in the window (steps 2-4, the filled batch
-    last), 10 samples counted there; on a CPU the graph runs as compiled code, and the results say so."""
+    last), 10 samples counted there, the losses of the regional compilation; on a CPU the graph runs as compiled
+    code, and the results say so."""
     lengths = [30, 28, 28, 28] + [60, 50, 50, 50] + [90, 70, 70, 70] + [40, 20]
-    run, proc = _run(tmp_path, lengths, "--compile_regional", "false", "--compile_dynamic", "true",
-                     "--length_buckets", "32", "64", "128", "--compile_warmup", "true", "--max_steps", "4",
-                     "--telemetry_window", "1:4", "--torch_compile_mode", "reduce-overhead")
+    same = ["--compile_dynamic", "true", "--length_buckets", "32", "64", "128", "--compile_warmup", "true",
+            "--max_steps", "4", "--logging_steps", "1"]
+    run, proc = _run(tmp_path / "whole", lengths, *same, "--telemetry_window", "1:4", *CUDA_GRAPHS[:4])
+    _run(tmp_path / "regional", lengths, *same)  # configs/fast.json's compilation, one layer for all
+    # the same computation: the same losses, step by step, but for the order of floating-point sums
+    assert len(losses(tmp_path / "whole" / "out")) == 4
+    assert losses(tmp_path / "whole" / "out") == pytest.approx(losses(tmp_path / "regional" / "out"), rel=1e-4)
     assert run["compile_warmup_shapes"] == [[4, 32], [4, 64], [4, 128]]  # no smaller last batch
     compiled = run["train_setup"]["compile"]
     assert compiled["unique_graphs"] == 1 and compiled["graph_breaks"] == 0 and compiled["recompiles"] == 0
