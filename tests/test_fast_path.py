@@ -353,7 +353,8 @@ def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path):
     assert config["optim"] == "adamw_torch_fused" and config["dataloader_persistent_workers"]
     losses = logged_losses(out)
     assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, losses
-    assert 0 <= results["eval_f1"] <= 100 and results["eval_loss"] > 0
+    # On these 150 held-out questions an untrained model's loss is 4.87 (F1 4.2), this run's 4.07 (F1 6.3, too close)
+    assert results["eval_loss"] < 4.5, results["eval_loss"]
     again = tmp_path / "again"
     _run([*FAST_ON_CPU, "--model_name_or_path", str(out), "--do_eval", "--bf16", "true", "--pad_to_max_length",
           "false", "--output_dir", str(again)], tmp_path)

@@ -292,9 +292,10 @@ def test_roberta_trains_and_answers_every_question_through_run_qa(roberta_dir, t
     validation = [i for i, t in enumerate(dev_set_columns()["title"]) if t == "Normans"]
     assert sorted(predictions) == sorted(dev_set_columns()["id"][i] for i in validation)
     assert all(isinstance(p, str) and p for p in predictions.values())
+    # An F1 of about 4 after 40 steps tells little; the losses do: 4.33 down to 2.22 in training, 2.85 held out
     losses = logged_losses(out)
-    assert len(losses) >= 3 and losses[-1] < losses[0], losses
-    assert 0 <= results["eval_f1"] <= 100 and results["eval_loss"] > 0
+    assert len(losses) >= 3 and losses[-1] < losses[0] - 1, losses
+    assert results["eval_loss"] < losses[0] - 1, (results["eval_loss"], losses)  # learnt beyond its training article
 
 
 def _assert_refused(code, capsys, out, must_mention):
