@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, losses, results
 from tests.test_telemetry import PLAIN, tiny_run
 
 
@@ -33,9 +33,14 @@ def test_plots_written(plotted):
     assert not (out / "eval_f1.png").exists()
 
 
+def _shown(value):
+    """`value` as summary.md shows it: rounded to 4 significant digits, off by at most 0.05% of it."""
+    return pytest.approx(value, rel=6e-4)
+
+
 @pytest.mark.slow
 def test_summary(plotted):
-    _, out = plotted
+    run, out = plotted
     text = (out / "summary.md").read_text()
     assert "| scalar | points | steps | final | min | max | mean |" in text
     over_time, once = text.split("Logged once:")
@@ -46,12 +51,15 @@ def test_summary(plotted):
     cells = [c.strip() for c in rows["train/loss"].split("|")[2:-1]]
     points, steps = int(cells[0]), cells[1]
     assert points >= 5 and steps.startswith("2–")
-    final, low, high, mean = (float(c) for c in cells[2:])
-    assert low <= final <= high and low <= mean <= high
+    # This short run at its small learning rate neither lowers its loss nor beats an untrained F1 (4.865 to 4.857,
+    # F1 3.3): what the summary must get right is the run's own figures, to the 4 digits it shows
+    logged = losses(run)
+    assert [float(c) for c in cells[2:]] == [_shown(v) for v in (logged[-1], min(logged), max(logged),
+                                                                 sum(logged) / len(logged))], (cells, logged)
     single = {line.split("|")[1].strip(): line for line in once.splitlines() if line.startswith("| ")}
     step, f1 = (c.strip() for c in single["eval/f1"].split("|")[2:4])
     assert int(step) >= int(steps.split("–")[1])  # evaluated after the last logged training step
-    assert 0 <= float(f1) <= 100 and "eval/f1" not in rows
+    assert float(f1) == _shown(results(run)["eval_f1"]) and "eval/f1" not in rows
     assert "loss.png" in text and "eval_f1.png" not in text
 
 
