@@ -182,12 +182,20 @@ def _does_work(event) -> bool:
                                             if child.name.startswith("aten::"))
 
 
+def _kernel(event) -> bool:
+    """Whose own time is a CPU kernel's: an ATen call that does work where no ATen call below it does."""
+    return (event.name.startswith("aten::") and event.name not in NO_WORK
+            and not any(_does_work(child) for child in event.cpu_children if child.name.startswith("aten::")))
+
+
 def op_counts(events, steps: int) -> dict:
     """Per step, from a profile's events: top-level ATen calls (no ATen call above them) outside compiled code, those
-    of them that reach a kernel, ATen calls made from compiled code, and host syncs (SYNC_OPS) by name."""
-    top = work = compiled = 0
+    of them that reach a kernel, ATen calls made from compiled code, host syncs (SYNC_OPS) by name, and the time spent
+    in ATen's CPU kernels (work a GPU would take off the host; each call's own dispatch included)."""
+    top = work = compiled = kernel_us = 0
     syncs = {}
     for event in events:
+        kernel_us += getattr(event, "self_cpu_time_total", 0) if _kernel(event) else 0
         above = list(_ancestors(event))
         if (event.name in SYNC_OPS and not SYNC_OPS.intersection(above)
                 and SYNC_CARRIERS.issuperset(name for name in above if name.startswith("aten::"))):
@@ -199,38 +207,54 @@ def op_counts(events, steps: int) -> dict:
         else:
             top, work = top + 1, work + _does_work(event)
     return {"aten_top_level": round(top / steps, 2), "aten_top_level_doing_work": round(work / steps, 2),
-            "aten_in_compiled_code": round(compiled / steps, 2), "host_syncs": round(sum(syncs.values()) / steps, 2),
+            "aten_in_compiled_code": round(compiled / steps, 2), "aten_kernels_ms": round(kernel_us / 1e3 / steps, 3),
+            "host_syncs": round(sum(syncs.values()) / steps, 2),
             "host_syncs_by_op": {name: round(n / steps, 2) for name, n in sorted(syncs.items())}}
 
 
 class Passes:
     """The untimed passes over `steps` steps each, started and stopped around them (inside the Trainer's loop too):
-    torch.profiler for the ATen calls and syncs, sys.setprofile for the Python calls."""
+    torch.profiler for the ATen calls, syncs and ATen's kernel time, sys.setprofile for the Python calls and the time
+    in inductor's C++ kernels (on a CPU, builtins named `kernel` that its Python wrapper calls; the profiler lists no
+    event for them)."""
 
     def __init__(self, steps: int):
-        self.steps, self.calls, self.profiler = steps, 0, None
+        self.steps, self.calls, self.profiler, self.started = steps, 0, None, None
+        self.kernel_s, self.kernel_started = 0.0, None
 
     def start_ops(self):
         from torch.profiler import ProfilerActivity, profile
 
         self.profiler = profile(activities=[ProfilerActivity.CPU])
         self.profiler.start()
+        self.started = time.perf_counter(), time.thread_time()
 
     def stop_ops(self) -> dict:
+        wall, cpu = time.perf_counter() - self.started[0], time.thread_time() - self.started[1]
         self.profiler.stop()
-        return op_counts(self.profiler.events(), self.steps)
+        counts = op_counts(self.profiler.events(), self.steps)
+        # The profiler's clock is the wall's, which other jobs on the machine stretch: its kernel times as CPU time
+        counts["aten_kernels_ms"] = round(counts["aten_kernels_ms"] * cpu / wall, 3)
+        return {**counts, "profiled_step_ms": round(1e3 * cpu / self.steps, 3)}
 
     def _count(self, frame, event, arg):
         if event == "call":
             self.calls += 1
+        elif event.startswith("c_") and getattr(arg, "__name__", None) == "kernel":
+            if event == "c_call":
+                self.kernel_started = time.thread_time()
+            elif self.kernel_started is not None:
+                self.kernel_s += time.thread_time() - self.kernel_started
+                self.kernel_started = None
 
     def start_calls(self):
-        self.calls = 0
+        self.calls, self.kernel_s = 0, 0.0
         sys.setprofile(self._count)
 
     def stop_calls(self) -> dict:
         sys.setprofile(None)
-        return {"python_calls": round(self.calls / self.steps, 1)}
+        return {"python_calls": round(self.calls / self.steps, 1),
+                "inductor_kernels_ms": round(1e3 * self.kernel_s / self.steps, 3)}
 
     def of(self, step) -> dict:
         self.start_ops()
@@ -448,6 +472,8 @@ def measure(args) -> dict:
     times = found["times"]
     variants = {name: {"cpu": spread(times[name]), **found["counts"][name], "warm_up": warm.get(name)}
                 for name in (*CORE, "framework", "bare") if name in times}
+    for v in variants.values():
+        v["cpu_kernels_ms"] = round(v["aten_kernels_ms"] + v["inductor_kernels_ms"], 3)
     return {"variants": variants, "framework": found.get("framework"),
             "compiles_in_window": found["compiles_in_window"], "parameter_tensors": tensors}
 
@@ -491,8 +517,9 @@ def markdown(r) -> str:
              f"round-robin; counts from {s['profile_steps']} more steps per pass, untimed. Compilations in the timed "
              f"steps: {r['compiles_in_window']}.", "",
              "| variant | CPU ms/step, median (p25-p75) | x eager_bf16 | top-level ATen calls/step (reaching a kernel) "
-             "| ATen calls from compiled code | Python calls/step | host syncs/step | first step s (compiles) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| ATen calls from compiled code | Python calls/step | host syncs/step | in CPU kernels, ms/step "
+             "(profiled) | CPU ms/step less CPU kernels | first step s (compiles) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, v in r["variants"].items():
         c, w = v["cpu"], v.get("warm_up") or {}
         ratio = f"{c['median_ms'] / eager:.2f}" if eager else "-"
@@ -500,7 +527,9 @@ def markdown(r) -> str:
         lines.append(f"| {LABELS.get(name, name)} | {c['median_ms']:.2f} ({c['p25_ms']:.2f}-{c['p75_ms']:.2f}) | "
                      f"{ratio} | {_cell(v, 'aten_top_level')} ({_cell(v, 'aten_top_level_doing_work')}) | "
                      f"{_cell(v, 'aten_in_compiled_code')} | {_cell(v, 'python_calls')} | "
-                     f"{_cell(v, 'host_syncs', '{:g}')} | {first} |")
+                     f"{_cell(v, 'host_syncs', '{:g}')} | {_cell(v, 'cpu_kernels_ms', '{:.1f}')} "
+                     f"({_cell(v, 'profiled_step_ms', '{:.1f}')}) | {c['median_ms'] - v['cpu_kernels_ms']:.1f} | "
+                     f"{first} |")
     if f := r["framework"]:
         cost, fetch = f["cost"], f["data_fetch"]
         lines += ["", f"**Framework cost**: the Trainer's step minus the bare step on the same objects and batch, "
