@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from qa.errors import require_packages
+from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command, require_packages
 
 require_packages("torch", "transformers", "datasets", "accelerate")  # before importing them: one line, no traceback
 import torch
@@ -22,7 +22,6 @@ from qa.data.cache import cached_features, default_cache_dir
 from qa.data.collate import BucketPaddingCollator, add_length_column
 from qa.data.sources import load_raw_datasets
 from qa.distributed import close_process_group, every_rank, exit_process, on_main_rank
-from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command
 from qa.io import atomic_write_json
 from qa.model import check_model_and_tokenizer, load_model_and_tokenizer
 from qa.results.records import environment_record, finish_run, loss_figures, save_split_metrics, write_environment
@@ -142,10 +141,8 @@ def say(lines) -> None:
 def features_for(setup, train):
     """The features of the run's splits (train's only if it trains) and the collator that batches them."""
     args, data = setup.training_args, setup.data_args
-    params = dict(max_seq_length=data.max_seq_length, doc_stride=data.doc_stride,
-                  max_query_length=data.max_query_length, pad_to_max_length=data.pad_to_max_length)
-    collator = default_data_collator
-    features = {}
+    params = {k: getattr(data, k) for k in ("max_seq_length", "doc_stride", "max_query_length", "pad_to_max_length")}
+    features, collator = {}, default_data_collator
     with setup.clock.phase("features"):
         for split in [s for s in setup.examples if s != "train" or train]:
             examples = setup.examples[split]
@@ -191,8 +188,7 @@ def _train_and_evaluate(setup, extra_callbacks):
     features, collator = features_for(setup, train)
     callbacks, extra, trainer = trainer_for(setup, features, collator, extra_callbacks)
 
-    out = args.output_dir
-    main = trainer.is_world_process_zero()
+    out, main = args.output_dir, trainer.is_world_process_zero()
     if main:  # the record runs git and asks every GPU: rank 0's alone is written
         with setup.clock.phase("saving"):
             env = environment_record({**asdict(setup.model_args), **asdict(setup.data_args),
@@ -209,8 +205,7 @@ def _train_and_evaluate(setup, extra_callbacks):
                 raise out_of_memory(args, err, "the run resumes from its last checkpoint") from None
             except torch.OutOfMemoryError as err:  # one line and its status; the checkpoints stay as they are
                 raise out_of_memory(args, err) from None
-        stopped_at = callbacks["preemption"].stopped_at if "preemption" in callbacks else None
-        if stopped_at is not None:
+        if (stopped_at := callbacks["preemption"].stopped_at if "preemption" in callbacks else None) is not None:
             # Stopped by a signal with checkpoint-N saved: no results; every rank leaves once the main one marked it
             trainer.accelerator.wait_for_everyone()
             cause, status = callbacks["preemption"].stopped_by()

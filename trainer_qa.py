@@ -27,9 +27,7 @@ class QuestionAnsweringTrainer(Trainer):
         """`eval_examples`: the questions behind `eval_dataset` (its features); `log_extras`: a function of a log entry
         returning values to add to it (TelemetryCallback.log_values); `checkpoints`, `clock`: the run's."""
         super().__init__(*args, **kwargs)
-        self.eval_examples = eval_examples
-        self.post_processing = post_processing
-        self.log_extras = log_extras
+        self.eval_examples, self.post_processing, self.log_extras = eval_examples, post_processing, log_extras
         self.checkpoints = checkpoints or Checkpoints(self.args.output_dir)
         self.clock = clock or PhaseClock()
         self.add_callback(_OptimizerClearsGradients(self))

@@ -452,8 +452,7 @@ def scores_from_examples(examples, predictions, version_2_with_negative: bool, n
     """{"exact_match", "f1"} in percent as evaluate-v1.1.py computes them, or evaluate-v2.0.py's result
     (_v2_scores) when `version_2_with_negative`, from flat examples (see _questions) and `predictions`
     (question id -> answer text)."""
-    questions = _questions(examples)
-    if not questions:
+    if not (questions := _questions(examples)):
         raise InputError("dataset", "contains no questions", "score a dataset that has questions")
     if version_2_with_negative:
         return _v2_scores(questions, predictions, na_probs, na_prob_thresh)

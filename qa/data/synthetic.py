@@ -77,25 +77,22 @@ def _name(rng, syllables):
     return "".join(rng.choice(SYLLABLES) for _ in range(syllables)).capitalize()
 
 
-_MAKERS = {
-    "P": lambda r: f"{_name(r, r.randint(2, 3))} {_name(r, 2)}",
-    "O": lambda r: f"{_name(r, 2)} {r.choice(ORG_KINDS)}",
-    "C": lambda r: _name(r, r.randint(1, 2)) + r.choice(CITY_SUFFIXES),
-    "Y": lambda r: str(r.randint(1650, 1999)),
-    "J": lambda r: r.choice(JOBS),
-    "K": lambda r: r.choice(COLOURS),
-    "N": lambda r: str(r.randint(2, 300)),
-    "A": lambda r: r.choice(ANIMALS),
-    "B": lambda r: f"The {r.choice(BOOK_ADJ)} {r.choice(BOOK_NOUN)}",
-}
+_MAKERS = {"P": lambda r: f"{_name(r, r.randint(2, 3))} {_name(r, 2)}",
+           "O": lambda r: f"{_name(r, 2)} {r.choice(ORG_KINDS)}",
+           "C": lambda r: _name(r, r.randint(1, 2)) + r.choice(CITY_SUFFIXES),
+           "Y": lambda r: str(r.randint(1650, 1999)),
+           "J": lambda r: r.choice(JOBS),
+           "K": lambda r: r.choice(COLOURS),
+           "N": lambda r: str(r.randint(2, 300)),
+           "A": lambda r: r.choice(ANIMALS),
+           "B": lambda r: f"The {r.choice(BOOK_ADJ)} {r.choice(BOOK_NOUN)}"}
 _MAKERS["D"] = _MAKERS["C"]
 
 
 def _fresh(rng, slot, used):
     """A value for `slot` not yet used in this paragraph (so every answer is unambiguous)."""
     while True:
-        value = _MAKERS[slot](rng)
-        if value not in used:
+        if (value := _MAKERS[slot](rng)) not in used:
             used.add(value)
             return value
 

@@ -128,8 +128,7 @@ def table_from_records(records: list, path: str, require_answers: bool, locate=T
             raise InputError(f"{path}, {locate(i)}", f"is a JSON {type(record).__name__}, not an object",
                              f"write each record (one question) as an object with columns {EXPECTED_COLUMNS}")
     keys = dict.fromkeys(k for record in records for k in record)
-    columns = {k: [record.get(k) for record in records] for k in keys}
-    return table_from_columns(columns, path, require_answers, locate)
+    return table_from_columns({k: [record.get(k) for record in records] for k in keys}, path, require_answers, locate)
 
 
 def table_from_columns(columns: dict, path: str, require_answers: bool, locate: Callable[[int], str]) -> Table:
@@ -212,8 +211,7 @@ def _to_int(value, where: str) -> int:
 
 
 def read_table(path: str, require_answers: bool) -> Table:
-    kind = file_kind(path)
-    if kind in ("parquet", "csv"):
+    if (kind := file_kind(path)) in ("parquet", "csv"):
         columns = (_parse_parquet if kind == "parquet" else _parse_csv)(path)
         return table_from_columns(columns, path, require_answers, lambda i: f"row {i + 1}")
     text = read_text(path, WHAT)
@@ -278,8 +276,7 @@ def validate(table: Table, version_2_with_negative: bool, check_answer_spans: bo
         if bad := [i for i, value in enumerate(values) if not value.strip()]:
             also = f" ({len(bad)} of {len(values)} questions)" if len(bad) > 1 else ""
             raise InputError(table.name(bad[0]), f"has an empty {column}{also}", fix)
-    counts = Counter(table.id)
-    if len(counts) < len(table.id):
+    if len(counts := Counter(table.id)) < len(table.id):
         qid, times = counts.most_common(1)[0]
         repeated = plural(sum(1 for c in counts.values() if c > 1), "id")
         raise InputError(table.where, f"question id {qid!r} occurs {times} times ({repeated} repeated in all)",

@@ -13,7 +13,6 @@ from transformers import TrainerCallback
 from qa.io import writing
 
 logger = logging.getLogger(__name__)
-
 TAG = "eval_by_train_seconds"  # TensorBoard: F1 and EM with the training seconds as the step
 
 
@@ -128,9 +127,8 @@ class TimeToAccuracyCallback(TrainerCallback):
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._writer = SummaryWriter(self.tensorboard_dir)
-            seconds = round(entry["train_seconds"])
             for name in ("f1", "exact_match"):
-                self._writer.add_scalar(f"{TAG}/{name}", entry[name], global_step=seconds)
+                self._writer.add_scalar(f"{TAG}/{name}", entry[name], global_step=round(entry["train_seconds"]))
             self._writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -18,8 +18,7 @@ def _front_matter(cfg: dict) -> list:
              "tags: [question-answering, extractive-qa, squad]"]
     name = cfg.get("model_name_or_path") or ""
     # The Hub id the base model was loaded from; none for a local folder or a random build.
-    base = BUNDLED_HUB_IDS.get(name) or (name if _HUB_ID.fullmatch(name) and not os.path.exists(name) else None)
-    if base:
+    if base := BUNDLED_HUB_IDS.get(name) or (name if _HUB_ID.fullmatch(name) and not os.path.exists(name) else None):
         lines.append(f"base_model: {base}")
     if (data := cfg.get("dataset_name")) and data != "synthetic" and not cfg.get("train_file"):
         lines.append(f"datasets: [{data}]")

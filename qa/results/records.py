@@ -50,21 +50,19 @@ def _devices():
 
 
 def environment_record(config: dict) -> dict:
-    return {
-        "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": [sys.executable] + sys.argv,
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "git_commit": _git_commit(),
-        "versions": _versions(),
-        "devices": _devices(),
-        "slurm": {k: os.environ[k] for k in SLURM_VARS if k in os.environ},
-        "distributed": {k: os.environ[k] for k in DIST_VARS if k in os.environ},
-        # null: unset (OFFLINE=0 in a job: the run may reach the Hub)
-        "offline": {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
-                                                   "HF_HOME")},
-        "config": config,
-    }
+    return {"started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": [sys.executable] + sys.argv,
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "git_commit": _git_commit(),
+            "versions": _versions(),
+            "devices": _devices(),
+            "slurm": {k: os.environ[k] for k in SLURM_VARS if k in os.environ},
+            "distributed": {k: os.environ[k] for k in DIST_VARS if k in os.environ},
+            # null: unset (OFFLINE=0 in a job: the run may reach the Hub)
+            "offline": {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                                       "HF_HOME")},
+            "config": config}
 
 
 def save_split_metrics(output_dir, split: str, metrics: dict) -> None:

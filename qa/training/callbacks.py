@@ -5,7 +5,7 @@ import threading
 
 from transformers.integrations import TensorBoardCallback
 
-from qa.console import log_lines_callback, replace_log_printer
+from qa.console import replace_log_printer
 from qa.distributed import DDPCompressionHook, set_fsdp_reduce_dtype
 from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
 from qa.io import disk_full, writing
@@ -43,7 +43,7 @@ def install(trainer, callbacks, run_args) -> None:
     if run_args.fsdp_reduce_dtype != "auto" and plugin is not None:  # else idle, said by check_together
         set_fsdp_reduce_dtype(plugin, run_args.fsdp_reduce_dtype)
     if run_args.log_lines:
-        replace_log_printer(trainer, log_lines_callback(trainer.args))
+        replace_log_printer(trainer)
     if trainer.pop_callback(TensorBoardCallback) is not None:  # the Trainer's, for report_to tensorboard
         trainer.add_callback(TensorBoardEvents())
     for callback in callbacks:
@@ -57,6 +57,14 @@ def summary(callbacks) -> dict:
     return {k: v for callback in callbacks for k, v in getattr(callback, "summary", dict)().items()}
 
 
+def _writing_events(method):
+    """`method` of the Trainer's TensorBoard callback, its writes inside qa.io.writing."""
+    def written(self, args, state, control, **kwargs):
+        with writing(self.logging_dir or args.output_dir, "TensorBoard events"):
+            method(self, args, state, control, **kwargs)
+    return written
+
+
 class TensorBoardEvents(TensorBoardCallback):
     """The Trainer's TensorBoard callback, whose writes into a full disk end the run with one line (qa.io.writing), as
     every record's do: the events are the run's curves (tools/plot_tb.py draws them), and the next checkpoint would
@@ -67,20 +75,9 @@ class TensorBoardEvents(TensorBoardCallback):
         if threading.excepthook is not _said_by_the_next_write:
             _said_by_the_next_write.previous, threading.excepthook = threading.excepthook, _said_by_the_next_write
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        with self._writing(args):
-            super().on_train_begin(args, state, control, **kwargs)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        with self._writing(args):
-            super().on_log(args, state, control, logs=logs, **kwargs)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        with self._writing(args):
-            super().on_train_end(args, state, control, **kwargs)
-
-    def _writing(self, args):
-        return writing(self.logging_dir or args.output_dir, "TensorBoard events")
+    on_train_begin = _writing_events(TensorBoardCallback.on_train_begin)
+    on_log = _writing_events(TensorBoardCallback.on_log)
+    on_train_end = _writing_events(TensorBoardCallback.on_train_end)
 
 
 def _said_by_the_next_write(hook_args):

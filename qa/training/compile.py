@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 # compilations per function, or the shapes past the limit silently run eagerly: 6 buckets x 2 modes x 2 batches.
 STATIC_RECOMPILE_LIMIT = 64
 SDPA_WITH_MASK = "sdpa_with_mask"
+CACHE_RECORD = "verified.json"  # in the compile cache: each file's size and hash when a compiled run ended well
 
 
 def configure_compile(model_args, features_cache) -> None:
@@ -56,9 +57,6 @@ def configure_compile(model_args, features_cache) -> None:
     else:
         # no "duck sizing": sizes equal when traced (48 features of 48 tokens) would share a symbol, then recompile
         shapes.use_duck_shape = False
-
-
-CACHE_RECORD = "verified.json"  # in the compile cache: each file's size and hash when a compiled run ended well
 
 
 def drop_damaged(cache: Path) -> None:

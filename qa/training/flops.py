@@ -13,11 +13,9 @@ def model_shape(model) -> dict:
     embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
     params = {id(p): p.numel() for p in model.parameters()}
     config = getattr(model, "config", None)
-    return {
-        "non_embedding_params": sum(n for i, n in params.items() if i not in embedding),
-        "layers": getattr(config, "num_hidden_layers", 0) or 0,
-        "hidden": getattr(config, "hidden_size", 0) or 0,
-    }
+    return {"non_embedding_params": sum(n for i, n in params.items() if i not in embedding),
+            "layers": getattr(config, "num_hidden_layers", 0) or 0,
+            "hidden": getattr(config, "hidden_size", 0) or 0}
 
 
 def gradient_size(model) -> dict:
@@ -37,24 +35,22 @@ def model_flops(non_embedding_params, layers, hidden, real_tokens, sum_sq_length
 
 
 # Dense peak TFLOP/s per GPU (NVIDIA's data sheets); the first pattern matching the lower-case name wins: variants first
-PEAK_TFLOPS = (
-    (r"gh200", "GH200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
-    (r"h200 nvl", "H200 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
-    (r"h200", "H200 SXM", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
-    (r"h100 nvl", "H100 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
-    (r"h100.*pcie", "H100 PCIe", {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51}),
-    (r"h100", "H100 SXM", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
-    (r"a100", "A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),
-    (r"l40s", "L40S", {"bf16": 362, "fp16": 362, "tf32": 183, "fp32": 91.6}),
-    (r"l40\b", "L40", {"bf16": 181, "fp16": 181, "tf32": 90.5, "fp32": 90.5}),
-    (r"\bl4\b", "L4", {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}),
-    (r"a40\b", "A40", {"bf16": 150, "fp16": 150, "tf32": 74.8, "fp32": 37.4}),
-    (r"\ba10\b", "A10", {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}),
-    (r"v100s", "V100S", {"fp16": 130, "fp32": 16.4}),
-    (r"v100.*pcie", "V100 PCIe", {"fp16": 112, "fp32": 14}),
-    (r"v100", "V100 SXM2", {"fp16": 125, "fp32": 15.7}),
-    (r"\bt4\b", "T4", {"fp16": 65, "fp32": 8.1}),
-)
+PEAK_TFLOPS = ((r"gh200", "GH200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
+               (r"h200 nvl", "H200 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
+               (r"h200", "H200 SXM", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
+               (r"h100 nvl", "H100 NVL", {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}),
+               (r"h100.*pcie", "H100 PCIe", {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51}),
+               (r"h100", "H100 SXM", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}),
+               (r"a100", "A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),
+               (r"l40s", "L40S", {"bf16": 362, "fp16": 362, "tf32": 183, "fp32": 91.6}),
+               (r"l40\b", "L40", {"bf16": 181, "fp16": 181, "tf32": 90.5, "fp32": 90.5}),
+               (r"\bl4\b", "L4", {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}),
+               (r"a40\b", "A40", {"bf16": 150, "fp16": 150, "tf32": 74.8, "fp32": 37.4}),
+               (r"\ba10\b", "A10", {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}),
+               (r"v100s", "V100S", {"fp16": 130, "fp32": 16.4}),
+               (r"v100.*pcie", "V100 PCIe", {"fp16": 112, "fp32": 14}),
+               (r"v100", "V100 SXM2", {"fp16": 125, "fp32": 15.7}),
+               (r"\bt4\b", "T4", {"fp16": 65, "fp32": 8.1}))
 
 
 def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
@@ -126,8 +122,7 @@ def peak_flops(device_name, precision, override_tflops=None):
         return override_tflops * 1e12, f"--peak_tflops {override_tflops:g}"
     if not device_name:
         return None, "no peak for a CPU (pass --peak_tflops)"
-    name = device_name.lower()
-    if re.search(r"\bmig\b", name):
+    if re.search(r"\bmig\b", name := device_name.lower()):
         return None, (f"{device_name!r} is a MIG slice of a GPU, whose share of the card's peak is not known "
                       "(pass --peak_tflops)")
     for pattern, label, peaks in PEAK_TFLOPS:

@@ -80,8 +80,7 @@ class ProfilerCallback(TrainerCallback):
         steps, self._recording = self._recording, []
         averages = prof.key_averages()
         device_sort = "self_device_time_total" if self._cuda else "self_cpu_time_total"
-        files = {"operators": f"operators{suffix}.txt", "trace": f"trace{suffix}.json",
-                 "memory": f"memory{suffix}.txt"}
+        files = {"operators": f"operators{suffix}.txt", "trace": f"trace{suffix}.json", "memory": f"memory{suffix}.txt"}
         header = (f"torch.profiler, training steps {steps} (global step numbers), "
                   f"{'CPU + CUDA' if self._cuda else 'CPU only'}; sorted by {device_sort}\n\n")
         atomic_write_text(self.dir / files["operators"],

@@ -12,7 +12,6 @@ from qa.training.compile import compile_stats
 from qa.training.flops import gradient_size, matmul_precision, mfu, model_flops, model_shape, peak_flops
 
 logger = logging.getLogger(__name__)
-
 GIB = 2 ** 30
 
 
@@ -55,15 +54,13 @@ def perf_metrics(*, steps, samples, real_tokens, batch_tokens, flops, step_s, da
     is exact, real tokens/s x world size an estimate. MFU is per device; None where unknown."""
     busy = step_s + data_s
     per_device_flops = rate(flops, busy)
-    return {
-        "step_time_s": step_s / steps if steps else None,
-        "samples_per_s": rate(samples * world_size, busy),
-        "real_tokens_per_s": rate(real_tokens * world_size, busy),
-        "padding_fraction": padding_fraction(real_tokens, batch_tokens),
-        "data_time_share": share(data_s, busy),
-        "tflops_per_device": None if per_device_flops is None else per_device_flops / 1e12,
-        "mfu": mfu(flops, busy, peak_flops_per_s),
-    }
+    return {"step_time_s": step_s / steps if steps else None,
+            "samples_per_s": rate(samples * world_size, busy),
+            "real_tokens_per_s": rate(real_tokens * world_size, busy),
+            "padding_fraction": padding_fraction(real_tokens, batch_tokens),
+            "data_time_share": share(data_s, busy),
+            "tflops_per_device": None if per_device_flops is None else per_device_flops / 1e12,
+            "mfu": mfu(flops, busy, peak_flops_per_s)}
 
 
 def _sig(value, digits=5):
@@ -87,20 +84,18 @@ def describe_training(args, model, optimizer=None, train_dataloader=None, accele
     batch_sampler = getattr(train_dataloader, "batch_sampler", None)  # accelerate's DataLoader passes it on
     sampler = getattr(getattr(batch_sampler, "batch_sampler", batch_sampler), "sampler", None)
     sampler = sampler or getattr(train_dataloader, "sampler", None)
-    return {
-        "attn_implementation": getattr(config, "_attn_implementation", None),
-        "optimizer": type(inner).__name__ if inner is not None else None,
-        "optimizer_fused": bool(getattr(inner, "defaults", {}).get("fused")),
-        "sampler": type(sampler).__name__ if sampler is not None else None,
-        "collator": type(getattr(train_dataloader, "collate_fn", None)).__name__ if train_dataloader else None,
-        "dataloader_num_workers": getattr(train_dataloader, "num_workers", None),
-        "dataloader_non_blocking": accelerator.non_blocking if accelerator is not None else None,
-        "matmul_precision": autocast_precision(args, accelerator),  # TF32 as torch has it, not as asked
-        "torch_compile": bool(args.torch_compile),
-        "per_device_train_batch_size": args.per_device_train_batch_size,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "world_size": args.world_size,
-    }
+    return {"attn_implementation": getattr(config, "_attn_implementation", None),
+            "optimizer": type(inner).__name__ if inner is not None else None,
+            "optimizer_fused": bool(getattr(inner, "defaults", {}).get("fused")),
+            "sampler": type(sampler).__name__ if sampler is not None else None,
+            "collator": type(getattr(train_dataloader, "collate_fn", None)).__name__ if train_dataloader else None,
+            "dataloader_num_workers": getattr(train_dataloader, "num_workers", None),
+            "dataloader_non_blocking": accelerator.non_blocking if accelerator is not None else None,
+            "matmul_precision": autocast_precision(args, accelerator),  # TF32 as torch has it, not as asked
+            "torch_compile": bool(args.torch_compile),
+            "per_device_train_batch_size": args.per_device_train_batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "world_size": args.world_size}
 
 
 class _Counts:
@@ -245,28 +240,27 @@ class TelemetryCallback(TrainerCallback):
         wall = time.perf_counter() - (self.train_start or time.perf_counter())
         t, s = self.counts.snapshot(), self.shape
         perf, memory = self._perf(t), self._memory()
-        self._summary = {
-            "train_step_time_mean_s": _sig(perf["step_time_s"]),
-            "train_data_loading_share": _sig(perf["data_time_share"]),
-            "train_step_time_total_s": _sig(t["step_s"]),
-            "train_data_time_total_s": _sig(t["data_s"]),
-            "train_other_time_total_s": _sig(max(wall - t["step_s"] - t["data_s"], 0.0)),  # log, eval, save
-            "train_batches_padding_fraction": _sig(perf["padding_fraction"]),
-            "train_real_tokens_batches": t["real_tokens"],
-            "train_real_tokens_per_second_measured": _sig(perf["real_tokens_per_s"]),
-            "train_samples_per_second_measured": _sig(perf["samples_per_s"]),
-            "train_model_flops": self._flops(t),
-            **{f"train_{k}": _sig(perf[k]) for k in ("tflops_per_device", "mfu")},
-            "train_peak_tflops": None if self.peak is None else round(self.peak / 1e12, 2),
-            "train_peak_tflops_source": self.peak_source,
-            "train_matmul_precision": self.precision,
-            "train_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
-            "train_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
-            **{f"train_{k}": s[k] for k in ("non_embedding_params", "layers")},
-            "train_hidden_size": s["hidden"],
-            **{f"train_{k}": v for k, v in self.gradients.items()},
-            "train_setup": {**self.setup, "compile": compile_stats() if args.torch_compile else None},
-        }
+        self._summary = {"train_step_time_mean_s": _sig(perf["step_time_s"]),
+                         "train_data_loading_share": _sig(perf["data_time_share"]),
+                         "train_step_time_total_s": _sig(t["step_s"]),
+                         "train_data_time_total_s": _sig(t["data_s"]),
+                         # the rest of the loop's wall time: logging, evaluations, checkpoints
+                         "train_other_time_total_s": _sig(max(wall - t["step_s"] - t["data_s"], 0.0)),
+                         "train_batches_padding_fraction": _sig(perf["padding_fraction"]),
+                         "train_real_tokens_batches": t["real_tokens"],
+                         "train_real_tokens_per_second_measured": _sig(perf["real_tokens_per_s"]),
+                         "train_samples_per_second_measured": _sig(perf["samples_per_s"]),
+                         "train_model_flops": self._flops(t),
+                         **{f"train_{k}": _sig(perf[k]) for k in ("tflops_per_device", "mfu")},
+                         "train_peak_tflops": None if self.peak is None else round(self.peak / 1e12, 2),
+                         "train_peak_tflops_source": self.peak_source,
+                         "train_matmul_precision": self.precision,
+                         "train_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
+                         "train_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
+                         **{f"train_{k}": s[k] for k in ("non_embedding_params", "layers")},
+                         "train_hidden_size": s["hidden"],
+                         **{f"train_{k}": v for k, v in self.gradients.items()},
+                         "train_setup": {**self.setup, "compile": compile_stats() if args.torch_compile else None}}
         if self.timed_steps is not None:
             self._summary.update(self._timed_summary())
 
@@ -280,19 +274,17 @@ class TelemetryCallback(TrainerCallback):
             return out
         c, seconds, compiles, memory = (self.timed[k] for k in ("counts", "seconds", "compiles", "memory"))
         perf = self._perf({**c, "step_s": seconds, "data_s": 0.0})  # the window's wall time covers both
-        out.update({
-            "train_window_seconds": _sig(seconds, 6),
-            "train_window_warmup_s": _sig(self.timed["warmup_s"]),
-            **{f"train_window_{k}": c[k] for k in ("steps", "samples", "batch_tokens", "real_tokens")},
-            "train_window_sum_sq_lengths": c["sum_sq"],
-            "train_window_samples_per_second": _sig(perf["samples_per_s"]),
-            "train_window_real_tokens_per_second": _sig(perf["real_tokens_per_s"]),
-            **{f"train_window_{k}": _sig(perf[k]) for k in ("padding_fraction", "tflops_per_device", "mfu")},
-            "train_window_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
-            "train_window_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
-            **{f"train_window_{k}": compiles[k] for k in ("compiles", "recompiles")},
-            "train_window_new_graphs": compiles["unique_graphs"],
-        })
+        out.update({"train_window_seconds": _sig(seconds, 6),
+                    "train_window_warmup_s": _sig(self.timed["warmup_s"]),
+                    **{f"train_window_{k}": c[k] for k in ("steps", "samples", "batch_tokens", "real_tokens")},
+                    "train_window_sum_sq_lengths": c["sum_sq"],
+                    "train_window_samples_per_second": _sig(perf["samples_per_s"]),
+                    "train_window_real_tokens_per_second": _sig(perf["real_tokens_per_s"]),
+                    **{f"train_window_{k}": _sig(perf[k]) for k in ("padding_fraction", "tflops_per_device", "mfu")},
+                    "train_window_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
+                    "train_window_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
+                    **{f"train_window_{k}": compiles[k] for k in ("compiles", "recompiles")},
+                    "train_window_new_graphs": compiles["unique_graphs"]})
         return out
 
     def summary(self) -> dict:
