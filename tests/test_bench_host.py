@@ -16,7 +16,7 @@ from tests.helpers import REPO, bench_module
 def _tree(spec, parent=None):
     """Profiler-like events from (name, [children]) pairs, in the order a walk of the profile lists them."""
     name, children = spec
-    event = SimpleNamespace(name=name, cpu_parent=parent, cpu_children=[])
+    event = SimpleNamespace(name=name, cpu_parent=parent, cpu_children=[], self_cpu_time_total=10.0)  # microseconds
     events = [event]
     for child in children:
         below = _tree(child, event)
@@ -42,9 +42,12 @@ def test_the_counting_rules_on_a_made_up_profile():
     assert counts["aten_in_compiled_code"] == 2
     assert counts["host_syncs_by_op"] == {"aten::_local_scalar_dense": 1, "aten::is_nonzero": 1, "aten::nonzero": 1}
     assert counts["host_syncs"] == 3
+    # 8 calls that compute below no other working call; 16 that do work, composites (linear, is_nonzero...) included
+    assert counts["aten_kernels_ms"] == [0.08, 0.16]
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 def test_bench_host_on_a_small_hollow_bert(tmp_path):
     """Eager, the whole model compiled and the Trainer, 2 layers, 3 timed steps: both results files and the figures
     that tell the variants apart."""
@@ -70,6 +73,8 @@ def test_bench_host_on_a_small_hollow_bert(tmp_path):
     assert v["whole_model"]["host_syncs"] == 0  # the mask always built, as in every compiled run
     assert v["framework"]["host_syncs"] == v["bare"]["host_syncs"] == 1
     assert v["whole_model"]["warm_up"]["compiles"] >= 1 and v["eager_bf16"]["warm_up"]["compiles"] == 0
+    assert v["whole_model"]["inductor_kernels_ms"] > 0 == v["eager_bf16"]["inductor_kernels_ms"]  # its C++ kernels
+    assert all(0 < x["cpu_kernels_ms"][0] <= x["cpu_kernels_ms"][1] for x in v.values())
     f = r["framework"]
     assert isinstance(f["cost"]["median_ms"], float) and f["data_fetch"]["median_ms"] > 0 and f["epochs"] == 1
     assert any(row["call"].endswith("(training_step)") for row in f["breakdown"])
