@@ -22,7 +22,8 @@ padding in every row:
 
 Reported per variant: CPU ms per step (median, quartiles), and from untimed passes: top-level ATen calls per step
 outside compiled code (a dispatch each; those that reach a kernel are a kernel launch or more on a GPU), Python calls
-per step, and calls that would make a GPU's host wait for the device.
+per step, calls that would make a GPU's host wait for the device, and how much of the CPU time the CPU's kernels took
+(a range: where the hollow model is not hollow), the rest being the host's own work.
 
 What a CPU cannot show: the GPU's launch latency (a CUDA launch costs the host more than a CPU kernel's dispatch);
 inductor's Triton launchers (on a CPU inductor emits C++ kernels instead, called from its Python wrapper); CUDA-graph
