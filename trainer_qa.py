@@ -30,7 +30,7 @@ class QuestionAnsweringTrainer(Trainer):
         self.eval_examples, self.post_processing, self.log_extras = eval_examples, post_processing, log_extras
         self.checkpoints = checkpoints or Checkpoints(self.args.output_dir)
         self.clock = clock or PhaseClock()
-        self.add_callback(_OptimizerClearsGradients(self))
+        self.add_callback(_NoModuleWalksPerStep(self))
 
     @functools.cached_property
     def _non_embedding_params(self):
@@ -145,17 +145,24 @@ class QuestionAnsweringTrainer(Trainer):
         return predictions, metrics
 
 
-class _OptimizerClearsGradients(TrainerCallback):
-    """The training loop's model.zero_grad() as the optimizer's zero_grad(set_to_none=True): a walk of its list of
-    parameters each step instead of every module's (bench/bench_host.py measures both)."""
+class _NoModuleWalksPerStep(TrainerCallback):
+    """The training loop's walks of every module, each step: model.zero_grad() as the optimizer's
+    zero_grad(set_to_none=True), a walk of its list of parameters; model.train() only when the mode changes
+    (bench/bench_host.py measures them)."""
 
     def __init__(self, trainer):
         self.trainer = weakref.ref(trainer)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        # Why an attribute of the wrapped model: the loop calls its zero_grad(), and no setting chooses another
+        # Why attributes of the wrapped model: the loop calls its zero_grad() and train(), and no setting changes them
         trainer = self.trainer()
-        trainer.model_wrapped.zero_grad = functools.partial(trainer.optimizer.zero_grad, set_to_none=True)
+        model = trainer.model_wrapped
+        model.zero_grad = functools.partial(trainer.optimizer.zero_grad, set_to_none=True)
+        ref, train = weakref.ref(model), type(model).train
+
+        def train_when_changed(mode=True):  # by a weak reference: no cycle keeps the model, or a DDP group, alive
+            return ref() if ref().training == mode else train(ref(), mode)
+        model.train = train_when_changed
 
 
 class EvaluationOutOfMemory(torch.OutOfMemoryError):
