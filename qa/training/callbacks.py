@@ -5,6 +5,7 @@ import threading
 
 from transformers.integrations import TensorBoardCallback
 
+from qa.arguments import CUDA_GRAPH_MODES
 from qa.console import replace_log_printer
 from qa.distributed import DDPCompressionHook, set_fsdp_reduce_dtype
 from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
@@ -31,7 +32,8 @@ def run_callbacks(run_args, training_args) -> dict:
     if run_args.checkpoint_on_sigterm:
         out["preemption"] = CheckpointOnSignalCallback(run_args.preemption_check_steps)
     if run_args.compile_warmup and training_args.torch_compile:  # else idle, said by qa.arguments.check_together
-        out["compile_warmup"] = CompileWarmupCallback()
+        # CUDA graphs are recorded at a shape's second pass
+        out["compile_warmup"] = CompileWarmupCallback(2 if training_args.torch_compile_mode in CUDA_GRAPH_MODES else 1)
     if run_args.ddp_comm_hook != "none":
         out["ddp_comm_hook"] = DDPCompressionHook(run_args.ddp_comm_hook)
     return out

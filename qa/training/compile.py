@@ -16,7 +16,6 @@ import torch.fx.experimental._config as shapes
 from transformers import AttentionInterface, AttentionMaskInterface, TrainerCallback
 from transformers.masking_utils import sdpa_mask
 
-from qa.arguments import CUDA_GRAPH_MODES
 from qa.data.collate import feature_lengths
 from qa.evaluation.time_to_accuracy import rng_kept
 from qa.io import DISK_FULL, DiskFull, atomic_write_json, disk_full, read_record, refuses_writes
@@ -236,10 +235,11 @@ def training_shapes(trainer) -> list:
 
 
 class CompileWarmupCallback(TrainerCallback):
-    """Before step 1, a pass of every batch shape training will produce (gradients cleared, RNGs kept); `bind` first."""
+    """Before step 1, `passes` of every batch shape training will produce (gradients cleared, RNGs kept); `bind`
+    first."""
 
-    def __init__(self):
-        self.trainer, self.record = None, {}
+    def __init__(self, passes: int = 1):
+        self.trainer, self.record, self.passes = None, {}, passes
 
     def bind(self, trainer) -> None:
         self.trainer = trainer
@@ -249,9 +249,8 @@ class CompileWarmupCallback(TrainerCallback):
         started, before = time.perf_counter(), compile_stats()
         shapes = training_shapes(trainer)
         model = trainer.model_wrapped
-        passes = 2 if args.torch_compile_mode in CUDA_GRAPH_MODES else 1  # CUDA graphs record at a shape's second
         with trainer.clock.phase("compile_warmup"), rng_kept():
-            for _, rows in shapes * passes:
+            for _, rows in shapes * self.passes:
                 forward_backward(trainer, model, collate_rows(trainer, rows))
             model.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - started
