@@ -10,6 +10,7 @@ import time
 import weakref
 
 import torch
+from accelerate.utils import DistributedType
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import rotate_checkpoints, speed_metrics
@@ -42,6 +43,16 @@ class QuestionAnsweringTrainer(Trainer):
         if ids is None or not hasattr(self.model, "num_parameters"):
             return super().floating_point_ops(inputs)
         return 6 * ids.numel() * self._non_embedding_params
+
+    def _clip_grad_norm(self, model):
+        # Why an internal: the Trainer's clipping walks the model's parameters three times a step, looking for the
+        # DTensors of FSDP, which one process or DDP never has; torch's own is the same arithmetic on the same tensors
+        if self.accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU,
+                                                     DistributedType.MULTI_CPU):
+            return super()._clip_grad_norm(model)
+        self.accelerator.unscale_gradients()  # fp16's loss scale, if any
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
 
     def log(self, logs, start_time=None):
         # Why: Trainer.log stores `logs` before callbacks see them, so the run's figures join here (documented).
