@@ -33,16 +33,10 @@ class QuestionAnsweringTrainer(Trainer):
         self.clock = clock or PhaseClock()
         self.add_callback(_NoModuleWalksPerStep(self))
 
-    @functools.cached_property
-    def _non_embedding_params(self):
-        return self.model.num_parameters(exclude_embeddings=True)
-
     def floating_point_ops(self, inputs):
-        # Why: the Trainer's own walks every module each step (num_parameters) for a factor that never changes
-        ids = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
-        if ids is None or not hasattr(self.model, "num_parameters"):
-            return super().floating_point_ops(inputs)
-        return 6 * ids.numel() * self._non_embedding_params
+        # Why: the Trainer's own walks every module each step (num_parameters) for a factor counted once, at train start
+        per_token, ids = getattr(self, "flops_per_token", None), inputs.get("input_ids")
+        return super().floating_point_ops(inputs) if per_token is None or ids is None else per_token * ids.numel()
 
     def _clip_grad_norm(self, model):
         # Why an internal: the Trainer's clipping walks the model's parameters three times a step, looking for the
@@ -157,9 +151,8 @@ class QuestionAnsweringTrainer(Trainer):
 
 
 class _NoModuleWalksPerStep(TrainerCallback):
-    """The training loop's walks of every module, each step: model.zero_grad() as the optimizer's
-    zero_grad(set_to_none=True), a walk of its list of parameters; model.train() only when the mode changes
-    (bench/bench_host.py measures them)."""
+    """No walk of every module each step: model.zero_grad() as the optimizer's zero_grad(set_to_none=True), a walk
+    of its list of parameters; model.train() only when the mode changes (bench/bench_host.py measures them)."""
 
     def __init__(self, trainer):
         self.trainer = weakref.ref(trainer)
@@ -167,6 +160,7 @@ class _NoModuleWalksPerStep(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         # Why attributes of the wrapped model: the loop calls its zero_grad() and train(), and no setting changes them
         trainer = self.trainer()
+        trainer.flops_per_token = 6 * trainer.model.num_parameters(exclude_embeddings=True)
         model = trainer.model_wrapped
         model.zero_grad = functools.partial(trainer.optimizer.zero_grad, set_to_none=True)
         ref, train = weakref.ref(model), type(model).train

@@ -306,8 +306,7 @@ def check_together(values: dict, off=()) -> list:
 
 
 def check_cuda_graphs(setting: str, values: dict) -> None:
-    """CUDA graphs (the modes that record them) replay each batch shape's recorded step: what that rules out (the
-    accumulation first: run_qa.finalize asks again once --global_batch has set it)."""
+    """What a replayed CUDA graph rules out; the accumulation first: run_qa.finalize asks again for --global_batch's."""
     if (accumulation := values.get("gradient_accumulation_steps") or 1) > 1:
         raise InputError(f"{setting}, gradient_accumulation_steps={accumulation}", "a replayed step cannot "
                          "accumulate gradients over micro-batches (pytorch#169545)",

@@ -181,8 +181,7 @@ def compile_outcome() -> str:
 
 
 def cuda_graphs_outcome() -> str:
-    """For a run that asked for CUDA graphs: 'yes', or 'skipped' where inductor ran compiled graphs without them
-    (it runs a graph it cannot record, or any on a CPU, as compiled code)."""
+    """'yes', or 'skipped' where inductor ran a graph it could not record (any on a CPU) as compiled code."""
     if skips := compile_stats()["cudagraph_skips"]:
         logger.warning("CUDA graphs were skipped by %d compiled graph(s), which ran without them (on a GPU, "
                        "TORCH_LOGS=cudagraphs says why)", skips)
