@@ -176,9 +176,10 @@ def summarise(runs, target):
             "train_seconds_to_target_mean": (statistics.mean(seconds) if None not in seconds else None),
             "batch": mine[0]["settings"].get("global_batch") or mine[0]["settings"].get("per_device_train_batch_size"),
             "learning_rate": mine[0]["settings"].get("learning_rate")}
-    for base in ("reference", "fast"):  # the batches of fast_b128/fast_b256 are weighed against fast's too
+    for base in ("reference", "fast"):  # fast's own variants (batches, whole model) are weighed against fast's too
         for name, rec in recipes.items():
-            if base in recipes and name != base and (base == "reference" or name in BATCH_VARIANTS):
+            fast_own = name in (*BATCH_VARIANTS, "fast_whole_model")
+            if base in recipes and name != base and (base == "reference" or fast_own):
                 rec.update({k if base == "reference" or k.startswith("f1_minus") else f"{k}_vs_fast": v
                             for k, v in compare(rec, recipes[base], base).items()})
     return recipes
