@@ -13,7 +13,7 @@ Pieces, in order of value (bench/README.md has the prepared call and the estimat
   train       one run_qa.py training with configs/fast.json (a random bert-base: it costs what the pretrained one
               costs), dev articles 0:42, 1 epoch, evaluated on 42:, telemetry, a bounded profile, TensorBoard
   parity-*    parity.py, one run per piece: the reference and the fast recipe, seeds 42 and 43 (the MiniLM): the
-              accuracy half of the claim
+              accuracy half of the claim (the rehearsal fine-tunes the tiny BERT: its runs, not its F1, are rehearsed)
   attempts    run_bench.py: reference_bf16, fast and the changes the GPU profile points to (ATTEMPT_VARIANTS, the
               cheapest first) in one process each, with each variant's GPU-busy share from a profile of the steps
               before its window; as many as fit its estimates (about 6 minutes on an H100), the rest in later calls
@@ -21,7 +21,8 @@ Pieces, in order of value (bench/README.md has the prepared call and the estimat
   train-warm  the same training again from the compile cache train filled (cold against warm compile warm-up, and
               the wall-clock breakdown of both); after train, in the same call (train runs again first if done)
   check       the check job (`--check`) of train's command, compiling into a cache of its own: its verdict, the GPU
-              lines, and its predicted time against train's measured wall clock; after train, in the same call
+              lines, and its predicted time against train's measured wall clock; after train, in the same call (the
+              rehearsal's check reads train's cache: see CHECK_CACHE)
   variants    run_bench.py: reference (fp32), fast_no_compile, fast_static64
 Each piece records the hash of the settings it ran (recipe_hash: configs/fast.json's included): a piece, or an attempt,
 of an older recipe counts as missing again, and the report says which.
@@ -77,7 +78,7 @@ ESTIMATES = {"gpu": {"preflight": 45, "bench": 200, "train": 110, "train-warm": 
                      "parity-reference-42": 105, "parity-reference-43": 105, "parity-fast-42": 240,
                      "parity-fast-43": 240},
              "cpu": {"preflight": 30, "bench": 90, "train": 100, "train-warm": 60, "check": 60, "variants": 150,
-                     **dict.fromkeys(PARITY, 150)}}
+                     **dict.fromkeys(PARITY, 30)}}
 # The attempts piece's variants, each in seconds with its 10-s window. On one H100 (bench piece, 2026-11-26): the
 # data and model before the first variant 18 s; reference_bf16 26 s outside its warm-up and window; fast 48 s, and
 # 54 s of cold compile warm-up. Warm compiles (the call's shared cache) and the whole-model compiles (one graph with
@@ -102,6 +103,15 @@ CPU_TRAIN = ["--train_articles", "2:3", "--validation_articles", "42:43", "--max
              "--per_device_eval_batch_size", "64"]
 CPU_BENCH = ["--cpu_compile", "--repeat", "1", "--max_train_samples", "120", "--timed_samples", "48",
              "--warmup_steps", "1"]
+# The parity pieces' model: on a GPU parity.py's own (the MiniLM: its F1 is the claim). The rehearsal checks the
+# runs, curves and report, not the F1: the tiny BERT takes them through the same recipes and trains about 20 times
+# faster on a CPU (a piece about 14 s instead of 80-130).
+PARITY_MODEL = {"gpu": None, "cpu": "bundled:tiny-bert"}
+# The check job's compile cache, under work/work. On a GPU a cold one of its own: its prediction includes the compile
+# warm-up it measured, set against train's cold compile in the same call. The rehearsal's check reads the cache train
+# filled (run_qa.py's default under --features_cache_dir): there the ratio is computed but never held to its 30%, and
+# a second cold compile was about a third of the check piece's time on a CPU.
+CHECK_CACHE = {"gpu": "check-compile", "cpu": "features/torch_compile"}
 
 
 def piece_command(piece, mode, work, dev, attempts=()):
@@ -117,16 +127,17 @@ def piece_command(piece, mode, work, dev, attempts=()):
                      "--compile_cache_dir", str(work / "work" / "bench" / "features" / "torch_compile")]
     if piece.startswith("parity-"):
         _, recipe, seed = piece.split("-")
+        model = ["--model", PARITY_MODEL[mode]] if PARITY_MODEL[mode] else []
         return py + [str(REPO / "bench" / "parity.py"), "--size", "smoke" if cpu else "gpu", "--dev", str(dev),
                      "--recipes", recipe, "--seeds", seed, "--out", str(work / "parity"),
-                     "--work", str(work / "work" / piece)]
+                     "--work", str(work / "work" / piece), *model]
     from run_bench import SIZES  # the script beside this one
 
     from qa.model import build_random_bert
 
     shape = SIZES[mode]["model"]
     model = build_random_bert(work / "work" / "models" / ("bert-" + "-".join(map(str, shape.values()))), shape)
-    check = ["--check", "--compile_cache_dir", str(work / "work" / "check-compile")] if piece == "check" else []
+    check = ["--check", "--compile_cache_dir", str(work / "work" / CHECK_CACHE[mode])] if piece == "check" else []
     return py + [str(REPO / "run_qa.py"), str(REPO / "configs" / "fast.json"), "--model_name_or_path", str(model),
                  "--train_file", str(dev), "--validation_file", str(dev), "--num_train_epochs", "1",
                  *(CPU_TRAIN if cpu else ["--train_articles", "0:42", "--validation_articles", "42:"]),
@@ -454,7 +465,8 @@ def run(args) -> int:
         else:
             need = estimate(piece, mode, results, record["pieces"]) if piece != "preflight" else ESTIMATES[mode][piece]
         why = (f"needs about {need:.0f} s, {max(left, 0):.0f} s left" if need > left else
-               "the MiniLM's weights were not carried (.gpu-minilm)" if piece.startswith("parity-") and not minilm_weights()
+               "the MiniLM's weights were not carried (.gpu-minilm)" if piece.startswith("parity-")
+               and PARITY_MODEL[mode] is None and not minilm_weights()
                else None)
         if why:
             record["pieces"][piece] = {"status": "waits", "why": why}

@@ -1,6 +1,7 @@
-"""tools/gpu_kit.sh offline: the carry-size check, and the kit's env.sh resolving small made-up wheels
-against this environment, which stands in for the GPU machine. Packing a real kit downloads wheels:
-tools/gpu_kit_check.sh does that, outside the suite."""
+"""tools/gpu_kit.sh offline: the carry-size check, the kit's env.sh resolving small made-up wheels against this
+environment, which stands in for the GPU machine, and the whole kit packed in a copy of the working tree from
+wheels rebuilt out of this environment's own packages. Packing from the registry and trying the kit on a Python
+3.12 environment built like the GPU machine is tools/gpu_kit_check.sh's, outside the suite."""
 import importlib.metadata
 import os
 import shutil
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tests.helpers import REPO
+from tests.helpers import DEV_SET, REPO
 
 KIT = REPO / "tools" / "gpu_kit.sh"
 MIB = 1024 * 1024
@@ -180,3 +181,72 @@ def test_env_sh_refuses_a_foreign_site(project):
     done = source(project)
     assert done.returncode == 1 and "is no site of this kit" in done.stderr
     assert os.listdir(project.parent / "site") == ["mine"]
+
+
+def installed_wheel(folder, name):
+    """The wheel of an installed distribution, rebuilt from its files: its modules and its metadata (so its
+    Requires-Dist) as installed, scripts outside the package left out. Tagged py3-none-any: it stands for the
+    registry's wheel for CPython 3.12 whatever this Python is."""
+    dist = importlib.metadata.distribution(name)
+    info = f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}.dist-info"
+    skip = {f"{info}/{n}" for n in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "WHEEL")}
+    files = [f for f in dist.files if not str(f).startswith("..") and "__pycache__" not in f.parts
+             and str(f) not in skip]
+    wheel_meta = "".join(line + "\n" for line in dist.read_text("WHEEL").splitlines() if not line.startswith("Tag:"))
+    path = folder / f"{info[:-len('.dist-info')]}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as whl:
+        for f in files:
+            whl.write(dist.locate_file(f), str(f))
+        whl.writestr(f"{info}/WHEEL", wheel_meta + "Tag: py3-none-any\n")
+        record = [*map(str, files), f"{info}/WHEEL", f"{info}/RECORD"]
+        whl.writestr(f"{info}/RECORD", "".join(f"{f},,\n" for f in record))
+    return path
+
+
+def tree_copy(root):
+    """What a device call carries of the working tree (the files git would send), copied into `root` with a
+    repository of its own, so that packing and measuring there leave this checkout's kit alone."""
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (REPO / rel).is_file():  # a tracked file deleted in the working tree travels as nothing
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, root / rel)
+    git(root, "init", "-q")
+    return root
+
+
+def kit_state():
+    return {d: sorted((p.relative_to(REPO / d), p.stat().st_mtime_ns) for p in (REPO / d).rglob("*"))
+            if (REPO / d).exists() else None for d in (".gpu", ".gpu-minilm")}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DEV_SET.exists(), reason=f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)")
+def test_the_kit_and_the_tree_fit_every_call(tmp_path):
+    """tools/gpu_kit.sh packs the kit as the prepared call carries it and checks the tree plus each carry set (with
+    and without the MiniLM) against 56 MiB: what travels with a call. In a copy of the tree, with no registry: pip's
+    own settings point its download at wheels rebuilt from this environment."""
+    pins = [line for line in (REPO / "requirements.txt").read_text().splitlines() if line.startswith("datasets==")]
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("datasets", "dill", "multiprocess"):
+        installed_wheel(wheels, name)
+    assert pins == [f"datasets=={importlib.metadata.version('datasets')}"], "the environment's datasets is not the pin"
+    copy = tree_copy(tmp_path / "tree")
+    before = kit_state()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PYTHON=sys.executable, SQUAD_DEV=str(DEV_SET), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels),
+               PIP_CONFIG_FILE=os.devnull)
+    proc = subprocess.run([str(copy / "tools" / "gpu_kit.sh")], cwd=copy, capture_output=True, text=True,
+                          timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sizes = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("carry size ")]
+    assert len(sizes) == 2 and all(line.endswith("limit 56 MiB") for line in sizes), sizes
+    assert sizes[0].split("(")[1].startswith("tree ") and "+ .gpu " in sizes[0] and "+ .gpu-minilm " in sizes[1]
+    kit = sorted(p.name for p in (copy / ".gpu" / "whl").iterdir())
+    assert kit == sorted(p.name for p in wheels.iterdir()), kit
+    assert (copy / ".gpu" / "requirements.txt").read_text().split() == [
+        pins[0], *(f"{n}=={importlib.metadata.version(n)}" for n in ("dill", "multiprocess"))]
+    assert (copy / ".gpu-minilm" / "model-fp16.safetensors").stat().st_size > 40 * MIB
+    assert kit_state() == before  # this checkout's own kit, or its absence, is left as it was
