@@ -241,6 +241,7 @@ def test_the_kit_and_the_tree_fit_every_call(tmp_path):
     proc = subprocess.run([str(copy / "tools" / "gpu_kit.sh")], cwd=copy, capture_output=True, text=True,
                           timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert kit_state() == before  # this checkout's own kit, or its absence, is left as it was
     sizes = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("carry size ")]
     assert len(sizes) == 2 and all(line.endswith("limit 56 MiB") for line in sizes), sizes
     assert sizes[0].split("(")[1].startswith("tree ") and "+ .gpu " in sizes[0] and "+ .gpu-minilm " in sizes[1]
@@ -249,4 +250,3 @@ def test_the_kit_and_the_tree_fit_every_call(tmp_path):
     assert (copy / ".gpu" / "requirements.txt").read_text().split() == [
         pins[0], *(f"{n}=={importlib.metadata.version(n)}" for n in ("dill", "multiprocess"))]
     assert (copy / ".gpu-minilm" / "model-fp16.safetensors").stat().st_size > 40 * MIB
-    assert kit_state() == before  # this checkout's own kit, or its absence, is left as it was
