@@ -1,4 +1,4 @@
-"""A real 2-node SLURM cluster on this machine, for the tests (tests/slurm_fixture.py) and for
+"""A real 2-node SLURM cluster on this machine, for the tests (the slurm_cluster fixture, tests/conftest.py) and for
 bench/job_start.py: ``tools/slurm_local.sh`` (slurm-wlm 22.05 + munge, nodes node1/node2 with two
 fake A100s each, partition ``gpu``) on free ports. A cluster is always stopped by the PIDs in its
 pid files, never by process name.

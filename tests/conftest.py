@@ -1,11 +1,13 @@
-"""What every test checks besides its own assertions: each InputError it provokes reads as one line of at most
-ERROR_LINE_LIMIT characters as printed (`error: ...`), the length docs/running.md promises. A path under the tests'
-temporary folder counts as a short one ("runs"): a user's own long paths are theirs, the rest of the line is ours."""
+"""The fixtures the test modules share, and what every test checks besides its own assertions: each InputError it
+provokes reads as one line of at most ERROR_LINE_LIMIT characters as printed (`error: ...`), the length
+docs/running.md promises. A path under the tests' temporary folder counts as a short one ("runs"): a user's own long
+paths are theirs, the rest of the line is ours. Helpers (functions and constants) are in tests/helpers.py."""
 import re
 
 import pytest
 
 from qa.errors import InputError
+from tests.helpers import clear_slurm_leftovers, require_slurm
 
 ERROR_LINE_LIMIT = 300
 
@@ -26,3 +28,36 @@ def error_lines_stay_short(monkeypatch, tmp_path_factory):
     if long:
         pytest.fail(f"error lines over {ERROR_LINE_LIMIT} characters (test paths as 'runs'), or of several lines: "
                     + " | ".join(f"{len(temporary.sub('runs', line))}: {line}" for line in long), pytrace=False)
+
+
+_STARTED_CLUSTER = []  # the session's cluster, once started
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """One local 2-node SLURM cluster (bench/local_slurm.py) for the whole session, every SLURM test module's; skipped,
+    with the reason, where none can run (not root, slurm-wlm not installable)."""
+    from bench.local_slurm import start_cluster
+
+    require_slurm()
+    cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+    _STARTED_CLUSTER.append(cluster)
+    try:
+        yield cluster
+    finally:
+        _STARTED_CLUSTER.clear()
+        cluster.stop()
+        left = cluster.pids()
+        assert not left, f"SLURM daemons still running after stop: {left}"
+
+
+@pytest.fixture(autouse=True)
+def slurm_cluster_left_idle(request):
+    """The tests share one cluster: what a test leaves on it (a job still queued or running because the test failed
+    before the job ended, a node drained) is cleared after it, so that no later test, of this module or another,
+    waits behind it or runs on fewer nodes."""
+    yield
+    if "slurm_cluster" in request.fixturenames and _STARTED_CLUSTER:  # (a test that failed in its setup too)
+        left = clear_slurm_leftovers(_STARTED_CLUSTER[0])
+        if left:
+            print(f"\n{request.node.nodeid}: left on the SLURM cluster and cleared: {'; '.join(left)}")

@@ -1,4 +1,4 @@
-"""Array jobs and study files on the local 2-node SLURM cluster (tests/slurm_fixture.py), everything on the CPU:
+"""Array jobs and study files on the local 2-node SLURM cluster (tests/conftest.py), everything on the CPU:
 
 - `sbatch --array=1-3%2 job_ft3.sh configs/smoke_tiny.json`: each task trains the config's seed plus its task id in
   its own folder (task<ID>-seed<SEED>), records the array job and task; task 2, requeued by SLURM mid-training
@@ -16,15 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
-from tests.slurm_fixture import slurm_cluster  # noqa: F401  (registers the fixture)
-from tests.test_slurm_jobs import CPU, _write_env_file
+from tests.helpers import REPO, SBATCH_CPU, job_times, write_job_env_file
 
 CONFIG = "configs/smoke_tiny.json"
 
 
 def sbatch(cluster, cwd, env_file, *args) -> str:
-    cmd = ["sbatch", "--parsable", *CPU, f"--export=ALL,ENV_FILE={env_file},REPO_DIR={REPO}", *args]
+    cmd = ["sbatch", "--parsable", *SBATCH_CPU, f"--export=ALL,ENV_FILE={env_file},REPO_DIR={REPO}", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=cwd, env=cluster.env)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().split(";")[0]
@@ -48,10 +46,6 @@ def logs(cwd: Path) -> str:
                    sorted(cwd.rglob("*.err")))
 
 
-def job_times(folder: Path) -> list:
-    return [json.loads(x) for x in (folder / "job_time.jsonl").read_text().splitlines()]
-
-
 def compare(cluster, *folders, out):
     r = subprocess.run([sys.executable, "-m", "studies.compare", *map(str, folders), "--out", str(out)],
                        capture_output=True, text=True, timeout=120, cwd=REPO, env=cluster.env)
@@ -61,10 +55,12 @@ def compare(cluster, *folders, out):
 
 @pytest.fixture(scope="module")
 def env_file(tmp_path_factory):
-    return _write_env_file(tmp_path_factory.mktemp("arrayenv"))
+    return write_job_env_file(tmp_path_factory.mktemp("arrayenv"))
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_array_tasks_own_seed_and_folder_and_one_requeued(slurm_cluster, env_file, tmp_path):
     out = tmp_path / "runs"
     # 3 epochs: on an idle machine one trains in 2 s, over before a tick could see checkpoint-10
@@ -104,13 +100,15 @@ def test_array_tasks_own_seed_and_folder_and_one_requeued(slurm_cluster, env_fil
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_a_study_of_two_recipes_and_a_refused_task(slurm_cluster, env_file, tmp_path):
     study = tmp_path / "lr.json"
     out = tmp_path / "study"
     study.write_text(json.dumps({"output_dir": str(out), "configs": [CONFIG], "seeds": [1, 2],
                                  "overrides": {"lr1e-3": {}, "lr3e-3": {"learning_rate": 3e-3}}}))
     r = subprocess.run([sys.executable, "-m", "studies.submit", str(study), "--submit", "--parallel", "2",
-                        *CPU, f"--export=ALL,ENV_FILE={env_file},REPO_DIR={REPO}", "--", "--max_steps", "12"],
+                        *SBATCH_CPU, f"--export=ALL,ENV_FILE={env_file},REPO_DIR={REPO}", "--", "--max_steps", "12"],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=slurm_cluster.env)
     assert r.returncode == 0, r.stderr
     array = re.match(r"array job (\d+): --array=1-4%2 ", r.stdout).group(1)
@@ -137,6 +135,8 @@ def test_a_study_of_two_recipes_and_a_refused_task(slurm_cluster, env_file, tmp_
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_a_scaling_study_of_two_shapes(slurm_cluster, env_file, tmp_path):
     """The scaling study as a study file: 1x1 (job_ft3.sh) and 1x2 (job_ddp.sh, measuring its communication) with
     GLOBAL_BATCH from the submitting shell and a target F1 for every run; one array after the other (singleton:
@@ -146,7 +146,8 @@ def test_a_scaling_study_of_two_shapes(slurm_cluster, env_file, tmp_path):
     out = tmp_path / "study"
     spec.write_text(json.dumps({"output_dir": str(out), "config": CONFIG, "shapes": ["1x1", "1x2"],
                                 "strategies": ["ddp"], "repeats": 1}))
-    r = subprocess.run([sys.executable, "-m", "studies.submit", str(spec), "--submit", *CPU, "--dependency=singleton",
+    r = subprocess.run([sys.executable, "-m", "studies.submit", str(spec), "--submit", *SBATCH_CPU,
+                        "--dependency=singleton",
                         f"--export=ALL,ENV_FILE={env_file},REPO_DIR={REPO},GLOBAL_BATCH=8", "--", "--target_f1", "2",
                         "--eval_every", "0.5"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env=slurm_cluster.env)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.local_slurm import SCRIPT, alive, start_cluster
-from tests.slurm_fixture import require_slurm, slurm_cluster  # noqa: F401  (registers the fixture)
+from tests.helpers import require_slurm
 
-pytestmark = pytest.mark.slow  # jobs on a real local SLURM cluster: minutes
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]  # jobs on a real local SLURM cluster: minutes
 
 
 def _out(info: dict) -> str:

@@ -1,4 +1,4 @@
-"""job_ft3.sh and job_ddp.sh, unmodified, on a real local 2-node SLURM cluster (tests/slurm_fixture.py;
+"""job_ft3.sh and job_ddp.sh, unmodified, on a real local 2-node SLURM cluster (tests/conftest.py;
 fake A100 GRES, everything runs on the CPU with gloo), configured only through sbatch options,
 environment variables and trailing arguments, as a user would. Both run one launcher,
 jobs/launch.sh (srun -> torchrun -> run_qa.py); job_ft3.sh is its 1 node x 1 process case:
@@ -42,14 +42,11 @@ import pytest
 
 from bench.local_slurm import TERMINAL, alive
 from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command
-from tests.helpers import REPO
-from tests.slurm_fixture import slurm_cluster  # noqa: F401  (registers the fixture)
+from tests.helpers import OFFLINE_VARS, REPO, SBATCH_CPU, job_times, results, write_job_env_file
 
 FT3, DDP = REPO / "job_ft3.sh", REPO / "job_ddp.sh"
 LAUNCHER = REPO / "jobs" / "launch.sh"
-CPU = ["-c", "2", "--mem=3G", "--time=15"]  # the header's -c 32 --mem=64G do not fit the test nodes
 CONFIG = "configs/smoke_tiny.json"           # relative: the job finds it in the repository
-OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,24 +59,9 @@ def _clean_env(**extra):
     return env
 
 
-def _write_env_file(folder: Path, offline: bool = True) -> Path:
-    """What setup_bert.sh writes, for the running interpreter's environment; `offline`: the offline
-    variables exported whatever OFFLINE says (as env files written before OFFLINE=0 was honoured do)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    activate = Path(sys.prefix) / "bin" / "activate"
-    lines = [f"source {activate}" if activate.is_file() else f'export PATH="{Path(sys.executable).parent}:$PATH"',
-             f"export HF_HOME={folder / 'hf_home'}",
-             *([f"export {'=1 '.join(OFFLINE_VARS)}=1"] if offline else []),
-             # 2 shared cores: more than one thread per process only oversubscribes them (10x slower)
-             "export OMP_NUM_THREADS=1"]
-    path = folder / "env.sh"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def env_file(tmp_path_factory):
-    return _write_env_file(tmp_path_factory.mktemp("jobenv"))
+    return write_job_env_file(tmp_path_factory.mktemp("jobenv"))
 
 
 class Job:
@@ -126,7 +108,7 @@ def submit(cluster, script, tmp_path, env_file, *sbatch_args, args=(), name=None
     cwd.mkdir()
     out = Path(variables.get("OUTPUT_DIR") or args[list(args).index("--output_dir") + 1])
     exports = ",".join(["ALL", f"ENV_FILE={env_file}", f"REPO_DIR={REPO}"] + [f"{k}={v}" for k, v in variables.items()])
-    cmd = ["sbatch", "--parsable", *CPU, *sbatch_args, *(["-J", name] if name else []), f"--export={exports}",
+    cmd = ["sbatch", "--parsable", *SBATCH_CPU, *sbatch_args, *(["-J", name] if name else []), f"--export={exports}",
            str(script), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=cwd, env=shell or cluster.env)
     assert r.returncode == 0, f"{cmd}: {r.stderr}"
@@ -134,16 +116,8 @@ def submit(cluster, script, tmp_path, env_file, *sbatch_args, args=(), name=None
     return Job(cluster, r.stdout.strip().split(";")[0], cwd, name or default_name, out)
 
 
-def results(out: Path) -> dict:
-    return json.loads((out / "all_results.json").read_text())
-
-
 def global_step(out: Path) -> int:
     return json.loads((out / "trainer_state.json").read_text())["global_step"]
-
-
-def job_times(out: Path) -> list:
-    return [json.loads(line) for line in (out / "job_time.jsonl").read_text().splitlines()]
 
 
 def run_files(out: Path) -> set:
@@ -230,7 +204,7 @@ def test_missing_env_file_fails_fast(script, tmp_path):
 
 @pytest.mark.parametrize("script", [FT3, DDP], ids=["ft3", "ddp"])
 def test_missing_config_fails_fast(script, tmp_path):
-    env_file = _write_env_file(tmp_path / "env")
+    env_file = write_job_env_file(tmp_path / "env")
     for how in (dict(CONFIG="configs/nope.json"), dict(args=["nope.json"])):
         r = subprocess.run(["bash", str(script), *how.get("args", [])], capture_output=True, text=True, timeout=60,
                            cwd=tmp_path, env=_clean_env(ENV_FILE=str(env_file), CONFIG=how.get("CONFIG", "")))
@@ -242,7 +216,7 @@ def test_missing_config_fails_fast(script, tmp_path):
 def test_outside_slurm_says_so(script, tmp_path):
     """srun is the launcher's first step, so both need a SLURM job; the check comes before the
     settings are read (no Python import to wait for)."""
-    env_file = _write_env_file(tmp_path / "env")
+    env_file = write_job_env_file(tmp_path / "env")
     t0 = time.monotonic()
     r = subprocess.run(["bash", str(script), CONFIG], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env=_clean_env(ENV_FILE=str(env_file)))
@@ -252,7 +226,7 @@ def test_outside_slurm_says_so(script, tmp_path):
 
 def test_offline_other_than_0_or_1_fails_fast(tmp_path):
     """Anything but 0 or 1 is a mistake to name, not a silent choice of offline or online."""
-    env_file = _write_env_file(tmp_path / "env")
+    env_file = write_job_env_file(tmp_path / "env")
     r = subprocess.run(["bash", str(FT3), CONFIG], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env=_clean_env(ENV_FILE=str(env_file), OFFLINE="no"))
     assert r.returncode == 1, r
@@ -461,6 +435,7 @@ def test_an_output_folder_under_home_is_a_warning_where_lustre_exists(tmp_path):
 
 @pytest.mark.slow  # a real local SLURM cluster
 @pytest.mark.parametrize("script", [FT3.name, DDP.name])
+@pytest.mark.slurm
 def test_repository_is_the_submit_folder_or_repo_dir(slurm_cluster, env_file, tmp_path, script):
     """sbatch runs a copy of the script from the node's spool folder, so the repository is the submit
     folder, or REPO_DIR when set; a folder without run_qa.py is one line naming REPO_DIR. A copy of the
@@ -481,7 +456,7 @@ def test_repository_is_the_submit_folder_or_repo_dir(slurm_cluster, env_file, tm
     jobs = {}
     for name, (cwd, variables, _) in cases.items():
         exports = ",".join(["ALL", f"ENV_FILE={env_file}", *variables])
-        cmd = ["sbatch", "--parsable", *CPU, "-o", f"{tmp_path}/{name}.out", "-e", f"{tmp_path}/{name}.err",
+        cmd = ["sbatch", "--parsable", *SBATCH_CPU, "-o", f"{tmp_path}/{name}.out", "-e", f"{tmp_path}/{name}.err",
                f"--export={exports}", str(repo / script), "nope.json", "--output_dir", "runs/x y", "--seed", "7"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=cwd, env=slurm_cluster.env)
         assert r.returncode == 0, f"{cmd}: {r.stderr}"
@@ -515,6 +490,8 @@ def ddp12_run(slurm_cluster, env_file, tmp_path_factory):
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_ft3_completes_with_results(ft3_run):
     job = ft3_run
     job.completed()
@@ -552,6 +529,8 @@ def test_ft3_completes_with_results(ft3_run):
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_ddp_one_node_two_processes(ddp12_run, ft3_run):
     job = ddp12_run
     job.completed()
@@ -602,6 +581,8 @@ def _check_requeued(job, reference):
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_ft3_requeue_resumes(slurm_cluster, env_file, tmp_path, ft3_run):
     ft3_run.completed()
     job = submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1",
@@ -615,6 +596,8 @@ def test_ft3_requeue_resumes(slurm_cluster, env_file, tmp_path, ft3_run):
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_ddp_two_nodes_requeue_resumes(slurm_cluster, env_file, tmp_path, ddp12_run):
     """2 nodes x 1 process, interrupted and resumed, ends like the uninterrupted 1 x 2 run (same
     world size, same data order): both runs of the job had every rank joined."""
@@ -635,6 +618,8 @@ def test_ddp_two_nodes_requeue_resumes(slurm_cluster, env_file, tmp_path, ddp12_
 # OFFLINE: the job's access to the Hub
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_offline_0_unsets_the_offline_variables_and_the_default_sets_them(slurm_cluster, env_file, tmp_path):
     """OFFLINE=0: none of the three offline variables in the job, although the env file and the
     submitting shell (whose environment sbatch passes on) export all three. Default: all three set
@@ -644,7 +629,7 @@ def test_offline_0_unsets_the_offline_variables_and_the_default_sets_them(slurm_
     tiny = [CONFIG, "--max_steps", "2", "--do_eval", "false"]  # no Hub access needed: seconds of training
     online = submit(slurm_cluster, FT3, tmp_path, env_file, "--gres=gpu:a100:1", shell=exported, OFFLINE=0,
                     args=[*tiny, "--output_dir", str(tmp_path / "online")])
-    default = submit(slurm_cluster, FT3, tmp_path, _write_env_file(tmp_path / "env", offline=False),
+    default = submit(slurm_cluster, FT3, tmp_path, write_job_env_file(tmp_path / "env", offline=False),
                      "--gres=gpu:a100:1", shell=bare, args=[*tiny, "--output_dir", str(tmp_path / "default")])
     for job, expect in ((online, [None, None, None]), (default, ["1", "1", "1"])):
         job.wait()
@@ -659,6 +644,8 @@ def test_offline_0_unsets_the_offline_variables_and_the_default_sets_them(slurm_
 # Failure and strategy
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_failing_rank_ends_two_node_job_promptly(slurm_cluster, env_file, tmp_path):
     job = submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "2", "--gres=gpu:a100:1",
                  CONFIG=CONFIG, OUTPUT_DIR=tmp_path / "out")
@@ -676,6 +663,8 @@ def test_failing_rank_ends_two_node_job_promptly(slurm_cluster, env_file, tmp_pa
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_a_second_job_into_a_running_jobs_folder_is_refused(slurm_cluster, env_file, tmp_path):
     """A job submitted twice: the second finds the output folder's lock held by the first (another
     SLURM job), stops with one line and exit 2, and records itself as refused; the first finishes."""
@@ -701,6 +690,8 @@ def test_a_second_job_into_a_running_jobs_folder_is_refused(slurm_cluster, env_f
      "max_seq_length=0: must be at least 1 (tokens per feature). Fix: use e.g. 384"),
     ("out_of_memory", 3, ["--do_train", "false"], {"RUN_QA": "-m tests.eval_hooks oom 8 --", "PYTHONPATH": REPO},
      "per_device_eval_batch_size=32: the device ran out of memory in an evaluation (CUDA out of memory.")])
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_a_refused_or_out_of_memory_run_ends_its_job_with_its_status(slurm_cluster, env_file, tmp_path, outcome, code,
                                                                      more, variables, reason):
     """torchrun ends with 1 whatever rank 0's status: the job ends with the run's own (2 or 3, qa/errors.py), read
@@ -715,6 +706,8 @@ def test_a_refused_or_out_of_memory_run_ends_its_job_with_its_status(slurm_clust
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_an_interrupted_job_not_requeued_ends_with_the_runs_status(slurm_cluster, env_file, tmp_path):
     """REQUEUE=0: the USR1 warning makes the run checkpoint and stop; the job ends with run_qa.py's 143 (torchrun
     ends with 1), recorded as interrupted with the run's reason."""
@@ -730,6 +723,8 @@ def test_an_interrupted_job_not_requeued_ends_with_the_runs_status(slurm_cluster
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_fsdp_and_global_batch(slurm_cluster, env_file, tmp_path):
     """As far as CPU goes: accelerate runs FSDP only on GPUs (here it falls back to DDP)."""
     job = submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "1", "--gres=gpu:a100:2",
@@ -754,6 +749,8 @@ def test_fsdp_and_global_batch(slurm_cluster, env_file, tmp_path):
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_check_jobs_say_ready_or_not_and_leave_no_run_behind(slurm_cluster, env_file, tmp_path):
     """`--check` through both scripts: job_ft3.sh and job_ddp.sh (1 node x 2 processes, the world line) without
     the header's GPU (--gres=none) are ready (status 0); job_ft3.sh granted a fake A100 that torch cannot see is not
@@ -812,6 +809,8 @@ def _stopped_not_ready_and_not_requeued(job):
 
 
 @pytest.mark.slow  # a real local SLURM cluster
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_a_check_job_warned_before_its_time_limit_is_not_ready_and_not_requeued(slurm_cluster, env_file, tmp_path):
     """The warning --signal=B:USR1@300 sends before the time limit, sent by hand (scancel --signal=USR1 --batch) while
     the check measures: the check stops not ready (status 2, "a longer --time"), the job ends with it, Restarts=0."""
@@ -827,6 +826,8 @@ def test_a_check_job_warned_before_its_time_limit_is_not_ready_and_not_requeued(
 @pytest.mark.slow  # a real local SLURM cluster
 @pytest.mark.skipif(not os.environ.get("SLURM_SLOW_TESTS"),
                     reason="waits for SLURM's warning before a real time limit (60-120 s); set SLURM_SLOW_TESTS=1")
+@pytest.mark.slurm
+@pytest.mark.torchrun
 def test_a_check_job_that_meets_its_time_limit_is_not_ready_and_not_requeued(slurm_cluster, env_file, tmp_path):
     """--time=3 (minutes: SLURM's unit) with the warning 60 s before it, which SLURM may send up to 60 s early: 60-120
     s after the start, when start-up and imports are over, the slowed check is still measuring, and a minute is left
