@@ -6,8 +6,7 @@ per-step work (trainer_qa.py): its FLOP count without a walk of the modules, gra
 import pytest
 import torch
 
-from tests.helpers import losses, minilm_tokenizer
-from tests.test_compile import _record, _run, needs_compile
+from tests.helpers import compiled_run, losses, minilm_tokenizer, needs_compile, question_record
 
 CUDA_GRAPHS = ["--torch_compile_mode", "reduce-overhead", "--compile_regional", "false", "--length_buckets", "128", "384"]
 
@@ -17,7 +16,7 @@ def _features(lengths):
 
     from utils_qa import prepare_train_features
 
-    examples = Dataset.from_list([_record(i, n) for i, n in enumerate(lengths)])
+    examples = Dataset.from_list([question_record(i, n) for i, n in enumerate(lengths)])
     return examples.map(prepare_train_features, batched=True, remove_columns=examples.column_names,
                         fn_kwargs=dict(tokenizer=minilm_tokenizer(), max_seq_length=128, doc_stride=32,
                                        max_query_length=16, pad_to_max_length=False))
@@ -52,6 +51,7 @@ def test_a_short_training_batch_is_filled_with_ignored_rows_and_trains_the_same(
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 @needs_compile
 def test_the_whole_model_compiles_once_for_every_width(tmp_path):
     """14 features in batches of 4 at widths 32, 64 and 128 (sequential): the last batch holds 2 features and is
@@ -62,8 +62,8 @@ def test_the_whole_model_compiles_once_for_every_width(tmp_path):
     lengths = [30, 28, 28, 28] + [60, 50, 50, 50] + [90, 70, 70, 70] + [40, 20]
     same = ["--compile_dynamic", "true", "--length_buckets", "32", "64", "128", "--compile_warmup", "true",
             "--max_steps", "4", "--logging_steps", "1"]
-    run, proc = _run(tmp_path / "whole", lengths, *same, "--telemetry_window", "1:4", *CUDA_GRAPHS[:4])
-    _run(tmp_path / "regional", lengths, *same)  # configs/fast.json's compilation, one layer for all
+    run, proc = compiled_run(tmp_path / "whole", lengths, *same, "--telemetry_window", "1:4", *CUDA_GRAPHS[:4])
+    compiled_run(tmp_path / "regional", lengths, *same)  # configs/fast.json's compilation, one layer for all
     # the same computation: the same losses, step by step, but for the order of floating-point sums
     assert len(losses(tmp_path / "whole" / "out")) == 4
     assert losses(tmp_path / "whole" / "out") == pytest.approx(losses(tmp_path / "regional" / "out"), rel=1e-4)
@@ -91,9 +91,10 @@ def test_cuda_graphs_refuse_what_a_replayed_step_cannot_do(tmp_path, extra, refu
         parse_args(base[:-3] if extra == ["--length_buckets"] else [*base, *extra])
 
 
-def test_the_trainer_counts_flops_once_and_the_optimizer_clears_gradients(tmp_path, monkeypatch):
+def test_the_trainer_steps_without_walking_the_modules(tmp_path, monkeypatch):
     """The same total_flos as the Trainer's own count, with the modules walked once for the whole run; after every
-    step the gradients are gone (set to None), cleared through the optimizer, not a walk of the model's modules."""
+    step the gradients are gone (set to None), cleared through the optimizer, not a walk of the model's modules; the
+    step's model.train() walks them only when the mode changes (after an evaluation), and then every module's."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from qa.arguments import ModelArguments
@@ -103,7 +104,10 @@ def test_the_trainer_counts_flops_once_and_the_optimizer_clears_gradients(tmp_pa
 
     class Watch(TrainerCallback):
         def __init__(self):
-            self.cleared, self.walks, self.module_clears = [], 0, []
+            self.cleared, self.walks, self.module_clears, self.mode_walks = [], 0, [], []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.walks_at_step_1 = getattr(self, "walks_at_step_1", len(self.mode_walks))
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             self.cleared.append(all(p.grad is None for p in model.parameters()))
@@ -113,9 +117,10 @@ def test_the_trainer_counts_flops_once_and_the_optimizer_clears_gradients(tmp_pa
     walk = type(model).num_parameters
     monkeypatch.setattr(type(model), "num_parameters",
                         lambda self, *a, **k: setattr(watch, "walks", watch.walks + 1) or walk(self, *a, **k))
-    clear = type(model).zero_grad
+    clear, train = type(model).zero_grad, type(model).train
     monkeypatch.setattr(type(model), "zero_grad",
                         lambda self, *a, **k: watch.module_clears.append(1) or clear(self, *a, **k))
+    monkeypatch.setattr(type(model), "train", lambda self, mode=True: watch.mode_walks.append(mode) or train(self, mode))
     args = TrainingArguments(str(tmp_path / "out"), use_cpu=True, report_to="none", max_steps=3,
                              per_device_train_batch_size=4, save_strategy="no", logging_steps=1,
                              train_sampling_strategy="sequential")
@@ -125,6 +130,13 @@ def test_the_trainer_counts_flops_once_and_the_optimizer_clears_gradients(tmp_pa
     walks_before = watch.walks
     trainer.train()
     assert watch.cleared == [True, True, True] and len(watch.module_clears) == 1  # once, before training
+    walks = len(watch.mode_walks)
+    # each step's model.train(): a walk at the first (from_pretrained leaves the model in eval mode), none after
+    assert model.training and watch.mode_walks[watch.walks_at_step_1:] == [True]
+    model.eval()
+    assert not any(m.training for m in model.modules()) and watch.mode_walks[walks:] == [False]
+    model.train()
+    assert all(m.training for m in model.modules()) and watch.mode_walks[walks:] == [False, True]
     assert watch.walks - walks_before == 1  # once for the run, not once a step
     batches = [BucketPaddingCollator(tok, 128)([features[i] for i in range(j, j + 4)]) for j in (0, 4, 8)]
     assert trainer.state.total_flos == sum(Trainer.floating_point_ops(trainer, b) for b in batches)
@@ -138,3 +150,29 @@ def test_cuda_graphs_refuse_the_accumulation_a_global_batch_sets(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and err[-1].startswith("error: torch_compile_mode=reduce-overhead, gradient_accumulation_steps=2")
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_the_clipping_without_walks_clips_as_the_trainer_does(tmp_path):
+    """trainer_qa's gradient clipping (torch's, on the optimizer's parameters) returns the norm and leaves the
+    gradients that the Trainer's own (accelerate's, on the model's parameters) does."""
+    from transformers import Trainer, TrainingArguments
+
+    from qa.arguments import ModelArguments
+    from qa.model import load_model_and_tokenizer
+    from trainer_qa import QuestionAnsweringTrainer
+
+    model, tok = load_model_and_tokenizer(ModelArguments("bundled:tiny-bert"), work_dir=tmp_path)
+    args = TrainingArguments(str(tmp_path / "out"), use_cpu=True, report_to="none", max_grad_norm=0.5)
+    trainer = QuestionAnsweringTrainer(model=model, args=args, processing_class=tok)
+    trainer.create_optimizer()
+    torch.manual_seed(0)
+    grads = [torch.randn_like(p) for p in model.parameters()]
+    clipped = {}
+    for name, clip in (("ours", trainer._clip_grad_norm), ("trainer", lambda m: Trainer._clip_grad_norm(trainer, m))):
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g.clone()
+        clipped[name] = (clip(model), [p.grad.clone() for p in model.parameters()])
+    assert clipped["ours"][0] == pytest.approx(float(clipped["trainer"][0])) and clipped["ours"][0] > 0.5
+    for a, b in zip(clipped["ours"][1], clipped["trainer"][1], strict=True):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(clipped["ours"][1][0], grads[0])  # the norm was above 0.5: the gradients were clipped
