@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, go_offline
-from tests.test_console import _base_bert
+from tests.helpers import REPO, base_bert, go_offline, rendering_problems, same_as_predict, tiny_bert
 
 LONG = ("Talon Mar founded the Vorbel Guild in 1820 in the city of Rosford, and the guild grew for a hundred "
         "years. In 1851 Ada Quill moved to Rosford to become a clockmaker, and she kept nine goats on a farm "
@@ -29,28 +28,9 @@ TOP_K = 3
 V2_ARGS = ["--version_2_with_negative", "--null_score_diff_threshold", "-0.7"]
 
 
-def same_as_predict(answers, predicted_dir, contexts, top_k=TOP_K):
-    """`answers` (answer_qa results, with top_k alternatives) are the answers --do_predict wrote in
-    `predicted_dir`: the prediction, and the n-best with the same offsets and scores."""
-    predictions = json.loads((predicted_dir / "predict_predictions.json").read_text())
-    nbest = json.loads((predicted_dir / "predict_nbest_predictions.json").read_text())
-    assert [a["id"] for a in answers] == list(predictions)
-    for a in answers:
-        qid = a["id"]
-        assert a["answer"] == predictions[qid], qid
-        if a["start"] is not None:
-            assert contexts[qid][a["start"]:a["end"]] == a["answer"]
-        expected = [{"answer": e["text"], "start": e["answer_start"], "end": e["answer_end"],
-                     "score": pytest.approx(e["probability"], rel=1e-5)} for e in nbest[qid]]
-        assert a["answers"] == expected[:top_k], qid
-        assert {k: a[k] for k in ("answer", "start", "end", "score")} in expected  # (v2's null may rank lower)
-
-
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from qa.model import TINY_BERT_SHAPE, build_random_bert
-
-    return build_random_bert(tmp_path_factory.mktemp("models") / "tiny", TINY_BERT_SHAPE)
+    return tiny_bert(tmp_path_factory.mktemp("models") / "tiny")
 
 
 @pytest.fixture(params=[(False, False), (True, True)], ids=["dynamic padding, v1.1", "padded, v2.0"])
@@ -86,7 +66,7 @@ def test_answers_are_those_of_do_predict_with_long_contexts_in_batches(predicted
     assert answerer.data_args.version_2_with_negative is version_2 and answerer.batch_size == 3
     contexts = {f"k{i}": c for i, (_, c) in enumerate(QUESTIONS)}
     answers = answerer.answer_file(test_file, top_k=TOP_K)
-    same_as_predict(answers, out, contexts)
+    same_as_predict(answers, out, contexts, top_k=TOP_K)
     if version_2:  # both kinds of answer, the null one as "" at no offsets
         assert {a["start"] is None for a in answers} == {True, False}
         assert all(a["answer"] == "" and a["end"] is None for a in answers if a["start"] is None)
@@ -105,7 +85,7 @@ def test_the_command_prints_one_json_line_per_question(predicted):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == ""
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
-    same_as_predict(answers, out, {f"k{i}": c for i, (_, c) in enumerate(QUESTIONS)})
+    same_as_predict(answers, out, {f"k{i}": c for i, (_, c) in enumerate(QUESTIONS)}, top_k=TOP_K)
 
 
 def _one_line_error(capsys, argv):
@@ -121,7 +101,7 @@ def test_a_folder_that_is_not_a_trained_model_is_a_one_line_error(tmp_path, tiny
     go_offline(monkeypatch, tmp_path / "hf")
     ask = ["--question", "Who?", "--context", "Ada did."]
     assert "model folder does not exist" in _one_line_error(capsys, [str(tmp_path / "missing"), *ask])
-    base = _base_bert(tmp_path / "base")
+    base = base_bert(tmp_path / "base")
     assert "has no trained question-answering head (qa_outputs)" in _one_line_error(capsys, [str(base), *ask])
     run = tmp_path / "run"  # a run that has saved checkpoints but not finished
     shutil.copytree(tiny_dir, run / "checkpoint-4")
@@ -159,8 +139,6 @@ def test_the_model_card_says_what_the_model_is_how_good_and_how_to_ask_it(tmp_pa
                 "at 32 tokens; seed 42 |"):
         assert row in body, row
     assert f"bert-squad-answer {tmp_path / 'smoke'} --question" in body and "from answer_qa import Answerer" in body
-    from tests.test_markdown import rendering_problems
-
     assert rendering_problems(card) == []
 
 

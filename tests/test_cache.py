@@ -14,49 +14,40 @@ import pytest
 from qa.data import cache
 from qa.data.cache import cached_features, features_key
 from utils_qa import prepare_train_features, prepare_validation_features
-from qa.arguments import DataArguments
-from qa.data.sources import load_raw_datasets
-from tests.helpers import minilm_tokenizer, results, run_qa
-from tests.test_run_qa import TINY
-
-PARAMS = dict(max_seq_length=128, doc_stride=32, max_query_length=32, pad_to_max_length=False)
-
-
-def _examples(n=60, seed=0):
-    args = DataArguments(dataset_name="synthetic", synthetic_train_examples=n, synthetic_seed=seed)
-    return load_raw_datasets(args, splits=("train",))["train"]
+from tests.helpers import FEATURE_PARAMS, TINY, minilm_tokenizer, offline_env, results, run_qa, synthetic_examples
 
 
 def test_key_depends_on_data_parameters_function_and_tokenizer():
     tok = minilm_tokenizer()
-    ex = _examples()
-    key = features_key(ex, tok, prepare_train_features, PARAMS)
-    assert key == features_key(_examples(), tok, prepare_train_features, PARAMS), "same content, same key"
-    assert key != features_key(_examples(seed=1), tok, prepare_train_features, PARAMS)
-    assert key != features_key(ex.select(range(30)), tok, prepare_train_features, PARAMS)
-    assert key != features_key(ex, tok, prepare_validation_features, PARAMS)
-    assert key != features_key(ex, tok, prepare_train_features, {**PARAMS, "doc_stride": 16})
+    ex = synthetic_examples()
+    key = features_key(ex, tok, prepare_train_features, FEATURE_PARAMS)
+    assert key == features_key(synthetic_examples(), tok, prepare_train_features, FEATURE_PARAMS), \
+        "same content, same key"
+    assert key != features_key(synthetic_examples(seed=1), tok, prepare_train_features, FEATURE_PARAMS)
+    assert key != features_key(ex.select(range(30)), tok, prepare_train_features, FEATURE_PARAMS)
+    assert key != features_key(ex, tok, prepare_validation_features, FEATURE_PARAMS)
+    assert key != features_key(ex, tok, prepare_train_features, {**FEATURE_PARAMS, "doc_stride": 16})
     tok2 = minilm_tokenizer().__class__.from_pretrained(minilm_tokenizer().name_or_path, do_lower_case=False)
-    assert key != features_key(ex, tok2, prepare_train_features, PARAMS)
+    assert key != features_key(ex, tok2, prepare_train_features, FEATURE_PARAMS)
 
 
 def test_second_call_is_a_hit_with_identical_features(tmp_path):
     tok = minilm_tokenizer()
-    ex = _examples()
-    first, hit1 = cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path)
-    second, hit2 = cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path)
+    ex = synthetic_examples()
+    first, hit1 = cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path)
+    second, hit2 = cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path)
     assert (hit1, hit2) == (False, True)
     assert first.to_dict() == second.to_dict()
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name], "no staging folder left behind"
-    again, hit3 = cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path, overwrite=True)
+    again, hit3 = cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path, overwrite=True)
     assert hit3 is False and again.to_dict() == first.to_dict()
 
 
 def test_worker_processes_give_the_same_features(tmp_path):
     tok = minilm_tokenizer()
-    ex = _examples(120)
-    one, _ = cached_features(ex, tok, prepare_validation_features, PARAMS, cache_dir=tmp_path / "a")
-    two, _ = cached_features(ex, tok, prepare_validation_features, PARAMS, cache_dir=tmp_path / "b", num_proc=2)
+    ex = synthetic_examples(120)
+    one, _ = cached_features(ex, tok, prepare_validation_features, FEATURE_PARAMS, cache_dir=tmp_path / "a")
+    two, _ = cached_features(ex, tok, prepare_validation_features, FEATURE_PARAMS, cache_dir=tmp_path / "b", num_proc=2)
     assert one.to_dict() == two.to_dict()
 
 
@@ -68,16 +59,18 @@ def test_key_depends_on_the_tokenizer_settings_that_change_the_features():
 
     from qa.model import bundled_minilm_dir
 
-    ex = _examples()
-    key = features_key(ex, minilm_tokenizer(), prepare_train_features, PARAMS)
-    assert key == features_key(ex, AutoTokenizer.from_pretrained(bundled_minilm_dir()), prepare_train_features, PARAMS)
+    ex = synthetic_examples()
+    key = features_key(ex, minilm_tokenizer(), prepare_train_features, FEATURE_PARAMS)
+    assert key == features_key(ex, AutoTokenizer.from_pretrained(bundled_minilm_dir()), prepare_train_features,
+                               FEATURE_PARAMS)
     for setting in (dict(padding_side="left"), dict(truncation_side="left"),
                     dict(model_input_names=["input_ids", "attention_mask"])):
         other = AutoTokenizer.from_pretrained(bundled_minilm_dir(), **setting)
-        assert key != features_key(ex, other, prepare_train_features, PARAMS), setting
+        assert key != features_key(ex, other, prepare_train_features, FEATURE_PARAMS), setting
     left = AutoTokenizer.from_pretrained(bundled_minilm_dir(), padding_side="left")
     right = minilm_tokenizer()
-    assert prepare_train_features(ex[:3], left, **PARAMS) != prepare_train_features(ex[:3], right, **PARAMS)
+    assert prepare_train_features(ex[:3], left, **FEATURE_PARAMS) != \
+        prepare_train_features(ex[:3], right, **FEATURE_PARAMS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,19 +80,19 @@ def test_key_depends_on_the_tokenizer_settings_that_change_the_features():
 def _damaged_then_rebuilt(tmp_path, caplog, damage):
     """Saves an entry, damages its one Arrow file with `damage`, asks again: (the one warning, first
     features, the features of the call after the damage, whether that was a hit)."""
-    tok, ex = minilm_tokenizer(), _examples()
-    first, _ = cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path)
+    tok, ex = minilm_tokenizer(), synthetic_examples()
+    first, _ = cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path)
     expected = first.to_dict()
     del first  # its memory map of the file about to be damaged
     [arrow] = tmp_path.rglob("data-*.arrow")
     damage(arrow)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="qa.data.cache"):
-        again, hit = cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path)
+        again, hit = cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
     assert again.to_dict() == expected and hit is False
-    _, hit = cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path)
+    _, hit = cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path)
     assert hit is True, "the rebuilt entry verifies"
     return warnings[0]
 
@@ -128,19 +121,19 @@ def test_a_file_changed_in_place_is_rebuilt(tmp_path, caplog):
 def test_replacing_an_entry_leaves_readers_a_whole_one(tmp_path, caplog):
     """While one thread rebuilds the entry again and again (--overwrite_cache), every read in another
     finds an entry that verifies; the version it replaced stays for jobs still reading it."""
-    tok, ex = minilm_tokenizer(), _examples()
-    expected = cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path)[0].to_dict()
+    tok, ex = minilm_tokenizer(), synthetic_examples()
+    expected = cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path)[0].to_dict()
 
     def rewrite():
         for _ in range(3):
-            cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path, overwrite=True)
+            cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path, overwrite=True)
 
     writer = threading.Thread(target=rewrite)
     reads = []
     with caplog.at_level(logging.INFO, logger="qa.data.cache"):
         writer.start()
         while writer.is_alive() or not reads:
-            feats, hit = cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path)
+            feats, hit = cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path)
             reads.append(hit and feats.to_dict() == expected)
         writer.join()
     assert all(reads), f"{reads.count(False)} of {len(reads)} reads found no whole entry"
@@ -152,7 +145,7 @@ def test_replacing_an_entry_leaves_readers_a_whole_one(tmp_path, caplog):
     long_ago = time.time() - cache.KEEP_REPLACED_S - 60
     for folder in tmp_path.glob("*.v-*"):
         os.utime(folder, (long_ago, long_ago))
-    cached_features(ex, tok, prepare_train_features, PARAMS, cache_dir=tmp_path)
+    cached_features(ex, tok, prepare_train_features, FEATURE_PARAMS, cache_dir=tmp_path)
     assert [p.name for p in tmp_path.glob("*.v-*")] == [json.loads(pointer.read_text())["folder"]]
 
 
@@ -173,7 +166,8 @@ def test_staging_folders_of_dead_writers_are_removed(tmp_path):
     two_days_ago = time.time() - 2 * 86400
     for label in ("another node, left", "earlier release, left"):
         os.utime(tmp_path / staging[label], (two_days_ago, two_days_ago))
-    cached_features(_examples(), minilm_tokenizer(), prepare_train_features, PARAMS, cache_dir=tmp_path)
+    cached_features(synthetic_examples(), minilm_tokenizer(), prepare_train_features, FEATURE_PARAMS,
+                    cache_dir=tmp_path)
     left = {label for label, folder in staging.items() if (tmp_path / folder).exists()}
     assert left == {"live writer here", "another node, recent"}
 
@@ -182,7 +176,7 @@ def test_staging_folders_of_dead_writers_are_removed(tmp_path):
 def test_a_run_over_a_damaged_entry_finishes_with_one_line(tmp_path):
     """run_qa.py whose evaluation features were cut short since the last run: one line says so, the
     run rebuilds them and evaluates as before."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
+    env = offline_env(tmp_path / "hf_home")
     args = [*TINY, "--do_train", "false", "--do_eval", "--features_cache_dir", str(tmp_path / "features")]
     first = run_qa([*args, "--output_dir", str(tmp_path / "first")], env)
     assert first.returncode == 0, first.stderr[-3000:]

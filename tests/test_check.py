@@ -15,20 +15,15 @@ import pytest
 
 from check_qa import acts, slurm_time
 from qa.results.wall_clock import PHASES
-from tests.helpers import REPO, go_offline, run_qa
-from tests.test_transformers_range import OLDEST_PYTHON, needs_oldest
+from tests.helpers import OLDEST_PYTHON, REPO, SMOKE_TINY, go_offline, needs_oldest, offline_env, run_qa, wait_until
 
-TINY = str(REPO / "configs" / "smoke_tiny.json")
 RUN_FILES = {"check.json", "check.md"}
 
 
 def _env(tmp_path, **extra):
-    import os
-
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), **extra)
-    for key in ("TENSORBOARD_LOGGING_DIR", "SLURM_JOB_ID", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"):
-        env.pop(key, None)
-    return env
+    """Offline, and outside any SLURM job (the check reads a job's GPUs from these)."""
+    slurm = ("SLURM_JOB_ID", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
+    return offline_env(tmp_path / "hf", drop=slurm, **extra)
 
 
 def _check(out):
@@ -90,7 +85,7 @@ def test_a_ready_check_predicts_the_job_that_then_runs_in_its_folder(tmp_path):
     env, out = _env(tmp_path), tmp_path / "run"
     flags = ["--eval_every", "0.25", "--eval_every_questions", "20", "--output_dir", str(out),
              "--eval_strategy", "steps", "--eval_steps", "40"]  # steps 40 and 79 are asked for twice, done once
-    proc = run_qa([TINY, *flags, "--check"], env)
+    proc = run_qa([SMOKE_TINY, *flags, "--check"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "ready", proc.stdout
     assert {p.name for p in out.iterdir()} == RUN_FILES  # no lock, checkpoint, weights or results
@@ -103,7 +98,7 @@ def test_a_ready_check_predicts_the_job_that_then_runs_in_its_folder(tmp_path):
         assert seconds[phase] > 0, phase
     assert "--time=" + predicted["time_limit"] in (out / "check.md").read_text()
 
-    proc = run_qa([TINY, *flags], env)  # the real job, in the same folder: it starts fresh
+    proc = run_qa([SMOKE_TINY, *flags], env)  # the real job, in the same folder: it starts fresh
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = json.loads((out / "trainer_state.json").read_text())
     evaluations = json.loads((out / "time_to_accuracy.json").read_text())["evaluations"]
@@ -119,7 +114,7 @@ def test_gpus_granted_that_torch_cannot_see_are_not_ready(tmp_path, monkeypatch,
     go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR", "SLURM_JOB_ID"))
     monkeypatch.setenv("SLURM_STEP_GPUS", "0")
     out = tmp_path / "run"
-    assert main([TINY, "--check", "--output_dir", str(out)]) == 2
+    assert main([SMOKE_TINY, "--check", "--output_dir", str(out)]) == 2
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("not ready: GPUs: SLURM_STEP_GPUS=0 granted, but torch"), lines
     record = _check(out)
@@ -130,7 +125,7 @@ def test_gpus_granted_that_torch_cannot_see_are_not_ready(tmp_path, monkeypatch,
 
 def test_a_dataset_missing_offline_is_not_ready(tmp_path):
     env, out = _env(tmp_path), tmp_path / "run"
-    proc = run_qa([TINY, "--dataset_name", "squad", "--check", "--output_dir", str(out)], env, timeout=300)
+    proc = run_qa([SMOKE_TINY, "--dataset_name", "squad", "--check", "--output_dir", str(out)], env, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     verdict = proc.stdout.strip().splitlines()[-1]
     assert verdict.startswith("not ready: Hub dataset 'squad': cannot be loaded: offline mode is on"), verdict
@@ -141,7 +136,7 @@ def test_a_dataset_missing_offline_is_not_ready(tmp_path):
 def test_an_output_folder_that_cannot_be_written_is_not_ready(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    proc = run_qa([TINY, "--check", "--output_dir", str(blocker / "run")], _env(tmp_path), timeout=300)
+    proc = run_qa([SMOKE_TINY, "--check", "--output_dir", str(blocker / "run")], _env(tmp_path), timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines() == [
         f"not ready: output_dir={blocker / 'run'}: cannot be created: {blocker} is a file (where the run writes) - "
@@ -156,7 +151,7 @@ def test_the_check_moves_nothing_in_a_folder_that_holds_an_earlier_run(tmp_path,
     out = tmp_path / "run"
     (out / "checkpoint-10").mkdir(parents=True)
     (out / "all_results.json").write_text("{}")
-    assert main([TINY, "--check", "--resume", "never", "--output_dir", str(out)]) == 0
+    assert main([SMOKE_TINY, "--check", "--resume", "never", "--output_dir", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"checkpoint-10", "all_results.json", *RUN_FILES}
 
 
@@ -181,7 +176,7 @@ def test_out_of_memory_in_the_measured_steps_is_not_ready_with_the_batch_fix(tmp
 
     monkeypatch.setattr(BertForQuestionAnswering, "forward", runs_out_in_training)
     out = tmp_path / "run"
-    assert main([TINY, "--check", "--output_dir", str(out)]) == 2
+    assert main([SMOKE_TINY, "--check", "--output_dir", str(out)]) == 2
     verdict = capsys.readouterr().out.strip().splitlines()[-1]
     assert verdict.startswith("not ready: per_device_train_batch_size=") and "pass a smaller" in verdict, verdict
     record = _check(out)
@@ -198,7 +193,7 @@ def test_a_folder_holding_a_finished_run_is_not_ready_with_the_jobs_own_refusal(
 
     go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR", "SLURM_JOB_ID"))
     out = tmp_path / "run"
-    flags = [TINY, "--max_steps", "3", "--do_eval", "false", "--report_to", "none", "--output_dir", str(out)]
+    flags = [SMOKE_TINY, "--max_steps", "3", "--do_eval", "false", "--report_to", "none", "--output_dir", str(out)]
     assert main(flags) == 0
     finished = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     capsys.readouterr()
@@ -221,14 +216,12 @@ def test_a_check_stopped_by_sigterm_is_not_ready_and_asks_for_more_time(tmp_path
     torchrun passes it on: not ready (status 2) with the fix, a longer --time; check.md and check.json written, no
     traceback, the reason once."""
     out, flag = tmp_path / "run", tmp_path / "out.txt"
-    cmd = [sys.executable, "-m", "tests.eval_hooks", "slow", "2", "--", TINY, "--check", "--output_dir", str(out)]
+    cmd = [sys.executable, "-m", "tests.eval_hooks", "slow", "2", "--", SMOKE_TINY, "--check", "--output_dir", str(out)]
     with open(flag, "w") as stdout:
         proc = subprocess.Popen(cmd, cwd=REPO, env=_env(tmp_path), stdout=stdout, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while "check output folder" not in flag.read_text():  # then the slowed training steps
-            assert proc.poll() is None and time.monotonic() < deadline, flag.read_text()
-            time.sleep(0.1)
+        # the line before the slowed training steps
+        wait_until(lambda: "check output folder" in flag.read_text(), proc, "check output folder", flag.read_text)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)

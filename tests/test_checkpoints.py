@@ -6,17 +6,15 @@ import hashlib
 import json
 import logging
 import shutil
-import time
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from qa.manifest import HASH, file_hash
+from qa.manifest import HASH
 from qa.training.checkpoints import COMPLETE_MARKER, Checkpoints
 from qa.errors import InputError
-from tests.helpers import go_offline
-from tests.test_run_qa import TINY
+from tests.helpers import TINY, error_lines, go_offline, hash_tree, offline_env, tiny_bert, wait_until
 
 # ---------------------------------------------------------------------------------------------
 # The marker and the checks, on files written by the same libraries as a real checkpoint
@@ -160,13 +158,7 @@ def _errors(capsys):
     """The `error:` lines of the run (model loading draws progress bars on stderr too)."""
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
-    return [line for line in err.splitlines() if line.startswith("error:")]
-
-
-def _tree(folder):
-    """Every file below `folder`, with its size and content hash."""
-    return sorted((p.relative_to(folder).as_posix(), p.stat().st_size, file_hash(p)) for p in folder.rglob("*")
-                  if p.is_file())
+    return error_lines(err)
 
 
 @pytest.mark.parametrize("damage, problem", [
@@ -196,13 +188,13 @@ def test_no_checkpoint_verifies(run, capsys):
     out, main = run
     for step in (2, 4, 6):
         _flip(out / f"checkpoint-{step}" / "model.safetensors")
-    before = _tree(out)
+    before = hash_tree(out)
     assert main("--max_steps", "8") == 2
     err = _errors(capsys)
     assert len(err) == 1 and err[0].startswith(f"error: {out}: none of its 3 complete checkpoint(s) can be resumed "
                                                "(checkpoint-6: model.safetensors differs"), err
     assert "Fix: pass --resume never to start afresh" in err[0]
-    assert _tree(out) == before, "nothing moved or written"
+    assert hash_tree(out) == before, "nothing moved or written"
     assert main("--max_steps", "2", "--resume", "never") == 0  # the fix works: the earlier run moved aside, whole
     assert {"checkpoint-2", "checkpoint-4", "checkpoint-6", "all_results.json", "trainer_state.json"} <= {
         p.name for p in out.glob("previous-*/*")}
@@ -211,13 +203,13 @@ def test_no_checkpoint_verifies(run, capsys):
 def test_explicit_damaged_checkpoint_stops_the_run(run, capsys):
     out, main = run
     (out / "checkpoint-4" / "scheduler.pt").unlink()
-    before = _tree(out)
+    before = hash_tree(out)
     assert main("--max_steps", "8", "--resume", str(out / "checkpoint-4")) == 2
     err = _errors(capsys)
     assert err == [f"error: {out / 'checkpoint-4'}: damaged checkpoint: scheduler.pt is missing. Fix: pass --resume "
                    "auto (the newest checkpoint that verifies), another checkpoint-N folder, or --resume never to "
                    "start afresh"]
-    assert _tree(out) == before
+    assert hash_tree(out) == before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +230,7 @@ def finished(tmp_path_factory):
 def rerun(finished, tmp_path, monkeypatch):
     """A copy of the finished run's folder, its files, and run_qa.main on it with SMALL's settings."""
     out, main = _copy(finished, tmp_path, monkeypatch, SMALL)
-    return out, _tree(out), main
+    return out, hash_tree(out), main
 
 
 @pytest.mark.slow
@@ -252,7 +244,7 @@ def test_a_finished_run_is_not_overwritten(args, rerun, capsys):
     assert err[0].startswith(f"error: {out}: holds a finished run (trained to step {step}, epoch 1); "), err
     assert "--resume never moves it to previous-<time>/ and starts afresh" in err[0]
     assert f"to evaluate it, --model_name_or_path {out} --do_eval, another --output_dir" in err[0]
-    assert _tree(out) == before
+    assert hash_tree(out) == before
 
 
 @pytest.mark.slow
@@ -260,7 +252,7 @@ def test_resume_never_moves_a_finished_run_aside_whole(rerun):
     out, before, main = rerun
     assert main("--resume", "never") == 0
     aside = list(out.glob("previous-*"))
-    assert len(aside) == 1 and _tree(aside[0]) == before  # the earlier run, every file as it was
+    assert len(aside) == 1 and hash_tree(aside[0]) == before  # the earlier run, every file as it was
     assert (out / "all_results.json").is_file() and (out / "checkpoint-2").is_dir()  # and the new one beside it
 
 
@@ -287,12 +279,9 @@ def test_more_epochs_train_a_finished_run_further(rerun, caplog):
 def test_a_checkpoint_whose_steps_mean_something_else_is_refused(change, differs, rerun, tmp_path, capsys):
     """Even with more epochs, before anything is written; another model would fail to load its
     weights (size mismatch) with a traceback, the others would train on silently."""
-    from qa.model import TINY_BERT_SHAPE, build_random_bert
-
     out, before, main = rerun
     if change == "model":
-        change = ["--model_name_or_path", str(build_random_bert(tmp_path / "narrower", {
-            **TINY_BERT_SHAPE, "hidden_size": 32, "intermediate_size": 128}))]
+        change = ["--model_name_or_path", str(tiny_bert(tmp_path / "narrower", hidden_size=32, intermediate_size=128))]
     last = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     assert main(*change, "--num_train_epochs", "2") == 2
     err = _errors(capsys)
@@ -300,7 +289,7 @@ def test_a_checkpoint_whose_steps_mean_something_else_is_refused(change, differs
                                                f"{differs}"), err
     assert err[0].endswith("Fix: resume with its own settings, or start afresh: --resume never (moves it to "
                            "previous-<time>/) or another --output_dir")
-    assert _tree(out) == before
+    assert hash_tree(out) == before
 
 
 @pytest.mark.slow
@@ -362,7 +351,8 @@ def _training_records(out):
     """What the training left: its files (model, state, results, checkpoints) with their hashes, its step, and
     the model's sha256."""
     names = ("model.safetensors", "trainer_state.json", "train_results.json", "config.json")
-    return ([t for t in _tree(out) if t[0] in names or t[0].startswith("checkpoint-")],
+    return ({name: digest for name, digest in hash_tree(out).items()
+             if name in names or name.startswith("checkpoint-")},
             json.loads((out / "trainer_state.json").read_text())["global_step"],
             hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest())
 
@@ -393,18 +383,15 @@ def test_sigterm_in_the_final_evaluation_then_the_rerun_evaluates(saves, tmp_pat
 
     from run_qa import main
     from tests.helpers import REPO
-    from tests.test_run_qa import _env
 
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     out, flag, log = tmp_path / "out", tmp_path / "evaluating", tmp_path / "stderr.txt"
     args = [*ENDED, *SAVES[saves], "--output_dir", str(out)]
     with open(log, "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "tests.eval_hooks", "pause", str(flag), "--", *args], cwd=REPO,
                                 env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            deadline = time.monotonic() + 300
-            while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_until(flag.exists, proc, "the pause in the evaluation", log.read_text, every=0.2)
             assert flag.read_text() == "step 6\n", log.read_text()[-3000:]  # the final evaluation, after training
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]

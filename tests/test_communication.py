@@ -11,9 +11,8 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import REPO, TORCHRUN, results, run_qa
+from tests.helpers import REPO, TINY, TORCHRUN, needs_compile, offline_env, results, run_qa
 from tests.helpers import losses as logged_losses
-from tests.test_run_qa import TINY, _env
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +110,7 @@ def test_fsdp_reduce_dtype_reaches_accelerates_plugin():
 def runs(tmp_path_factory):
     """The same 2-process run three times: measuring (the scaling study's opt-in), not measuring
     (the default), and measuring with the switches (fp16 compression, 1 MiB buckets)."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     args = [*TINY, "--do_train", "--save_strategy", "no", "--report_to", "none", "--num_train_epochs", "6",
             "--logging_steps", "3", "--ddp_find_unused_parameters", "false"]
     out = {}
@@ -126,6 +125,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.torchrun
 def test_measurement_is_recorded_and_consistent(runs):
     r = results(runs["measured"])
     assert r["comm_world_size"] == 2 and r["comm_nodes"] == 1 and r["comm_backend"] == "gloo"
@@ -153,6 +153,7 @@ def test_measurement_is_recorded_and_consistent(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.torchrun
 def test_measurement_does_not_change_training(runs):
     measured, unmeasured = results(runs["measured"]), results(runs["unmeasured"])
     assert measured["train_loss"] == unmeasured["train_loss"]
@@ -162,6 +163,7 @@ def test_measurement_does_not_change_training(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.torchrun
 def test_switches_are_in_effect_and_training_still_learns(runs):
     plain, switched = results(runs["measured"]), results(runs["switches"])
     # read back from the wrapped model: the hook registered, DDP's bucket size
@@ -178,7 +180,7 @@ def test_switches_are_in_effect_and_training_still_learns(runs):
 
 @pytest.mark.slow
 def test_single_process_records_no_measurement(tmp_path, tmp_path_factory):
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     proc = run_qa([*TINY, "--do_train", "--max_steps", "2", "--save_strategy", "no", "--report_to", "none",
                    "--measure_communication", "true", "--output_dir", str(tmp_path)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -190,13 +192,15 @@ def test_single_process_records_no_measurement(tmp_path, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("QA_TEST_COMPILE") == "0", reason="QA_TEST_COMPILE=0")
+@needs_compile
+@pytest.mark.torchrun
+@pytest.mark.compile
 def test_measurement_reuses_the_training_graphs_under_compile(tmp_path, tmp_path_factory):
     """With torch.compile, a 2-process run that measures its communication compiles exactly the
     graphs one process compiles: the measured passes run in training mode, as training steps do
     (in evaluation mode they compiled graphs of their own and recompiled the training ones:
     measured, 5 graphs and 2 recompilations against 3 and 0)."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     env["OMP_NUM_THREADS"] = "1"
     args = [*TINY, "--do_train", "--max_steps", "3", "--save_strategy", "no", "--report_to", "none",
             "--per_device_train_batch_size", "8", "--torch_compile", "true", "--compile_regional", "true",

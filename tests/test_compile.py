@@ -6,52 +6,11 @@ training without changing what training does (all in qa.training.compile).
 The compiled runs take 30-90 s each on 2 cores; QA_TEST_COMPILE=0 skips them."""
 import json
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO, minilm_tokenizer, run_qa, running
-
-needs_compile = pytest.mark.skipif(os.environ.get("QA_TEST_COMPILE") == "0", reason="QA_TEST_COMPILE=0")
-QUESTION = "what is here?"
-
-
-def _record(i, length):
-    """A question whose single feature is exactly `length` tokens long with the bundled vocabulary
-    ([CLS] 4 question tokens [SEP] context [SEP]; 'word' is one token, the last sentence five)."""
-    context = "word " * (length - 12) + "The answer is Paris."
-    return {"id": f"q{i}", "title": "t", "context": context, "question": QUESTION,
-            "answers": {"text": ["Paris"], "answer_start": [context.index("Paris")]}}
-
-
-def _train_file(path, lengths):
-    tok = minilm_tokenizer()
-    records = [_record(i, n) for i, n in enumerate(lengths)]
-    for r, n in zip(records, lengths):
-        assert len(tok(r["question"], r["context"])["input_ids"]) == n
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return str(path)
-
-
-def _run(tmp_path, lengths, *extra):
-    """run_qa.py on a file whose features come in this order (sequential sampling, batches of 4)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    out = tmp_path / "out"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.pop("TENSORBOARD_LOGGING_DIR", None)
-    args = ["--model_name_or_path", "bundled:tiny-bert", "--train_file", _train_file(tmp_path / "train.jsonl", lengths),
-            "--do_train", "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "16",
-            "--pad_to_max_length", "false", "--train_sampling_strategy", "sequential",
-            "--per_device_train_batch_size", "4", "--use_cpu", "true", "--dataloader_num_workers", "0",
-            "--torch_compile", "true", "--compile_regional", "true", "--report_to", "none", "--save_strategy", "no",
-            "--output_dir", str(out), *extra]
-    proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((out / "all_results.json").read_text()), proc
+from tests.helpers import (COMPILED_TINY, compiled_run, minilm_tokenizer, needs_compile, offline_env, question_record,
+                           run_qa, running, tiny_bert)
 
 
 def test_sdpa_with_mask_computes_what_sdpa_computes(tmp_path):
@@ -78,12 +37,14 @@ def test_sdpa_with_mask_computes_what_sdpa_computes(tmp_path):
 
 @pytest.mark.slow
 @needs_compile
+@pytest.mark.compile
 def test_an_unpadded_batch_after_warm_up_does_not_recompile(tmp_path):
     """Steps 1-2 are padded batches of two widths (the compiled layers trace symbolic lengths and
     an attention mask); step 3, inside the window, has no padding at all: transformers would hand
     the layers no mask, and they would recompile (measured: 1 compilation in the window)."""
     lengths = [40, 36, 36, 36] + [48, 44, 44, 44] + [48, 48, 48, 48]
-    results, _ = _run(tmp_path, lengths, "--compile_dynamic", "true", "--max_steps", "3", "--telemetry_window", "2:3")
+    results, _ = compiled_run(tmp_path, lengths, "--compile_dynamic", "true", "--max_steps", "3",
+                              "--telemetry_window", "2:3")
     assert results["train_window_complete"] and results["train_window_steps"] == 1
     assert results["train_window_padding_fraction"] == 0  # the window's batch has no padding
     assert results["train_setup"]["attn_implementation"] == "sdpa_with_mask"
@@ -93,6 +54,7 @@ def test_an_unpadded_batch_after_warm_up_does_not_recompile(tmp_path):
 
 @pytest.mark.slow
 @needs_compile
+@pytest.mark.compile
 def test_compile_warm_up_compiles_every_width_before_the_window(tmp_path):
     """Static graphs (one per padded width): widths 64 and 96 come first inside the window. Without
     the warm-up the window holds their compilations (and the telemetry counts them); with it,
@@ -100,9 +62,9 @@ def test_compile_warm_up_compiles_every_width_before_the_window(tmp_path):
     lengths = [30, 28, 28, 28] + [31, 29, 29, 29] + [60, 50, 50, 50] + [90, 70, 70, 70]
     common = ["--compile_dynamic", "false", "--pad_to_multiple_of", "32", "--dataloader_drop_last", "true",
               "--max_steps", "4", "--telemetry_window", "2:4"]
-    cold, _ = _run(tmp_path / "cold", lengths, *common)
+    cold, _ = compiled_run(tmp_path / "cold", lengths, *common)
     assert cold["train_window_compiles"] >= 2 and cold["train_window_new_graphs"] >= 2, cold
-    warm, proc = _run(tmp_path / "warm", lengths, *common, "--compile_warmup", "true")
+    warm, proc = compiled_run(tmp_path / "warm", lengths, *common, "--compile_warmup", "true")
     assert warm["compile_warmup_shapes"] == [[4, 32], [4, 64], [4, 96]]  # batch x width; drop_last: no smaller one
     assert warm["train_window_compiles"] == 0 and warm["train_window_new_graphs"] == 0, warm
     assert "compile warm-up: 3 batch shapes" in proc.stderr
@@ -137,7 +99,7 @@ def test_compile_warm_up_leaves_training_unchanged(tmp_path):
     from trainer_qa import QuestionAnsweringTrainer
 
     tok = minilm_tokenizer()
-    records = [_record(i, n) for i, n in enumerate([20, 33, 47, 26, 58, 40, 35, 61, 22, 50, 44, 29])]
+    records = [question_record(i, n) for i, n in enumerate([20, 33, 47, 26, 58, 40, 35, 61, 22, 50, 44, 29])]
     examples = Dataset.from_list(records)
     features = examples.map(prepare_train_features, batched=True, remove_columns=examples.column_names,
                             fn_kwargs=dict(tokenizer=tok, max_seq_length=128, doc_stride=32, max_query_length=16,
@@ -204,18 +166,18 @@ def test_a_failed_compilation_runs_eagerly_and_says_so_in_one_line(backend, capl
 
 @pytest.mark.slow
 @needs_compile
+@pytest.mark.compile
 def test_run_goes_on_eagerly_when_inductor_fails(tmp_path, monkeypatch, caplog, capfd):
     """The real compile path (the Trainer's torch.compile, inductor, the warm-up, evaluation) with
     inductor made to fail: torch's own test switch writes C++ that does not compile for every ReLU,
     in a tiny BERT with ReLU activations. The run finishes, and its results say it fell back."""
     import torch
 
-    from qa.model import TINY_BERT_SHAPE, build_random_bert
     from run_qa import main
     from tests.helpers import go_offline
 
     go_offline(monkeypatch, tmp_path / "hf", drop=("TENSORBOARD_LOGGING_DIR",))
-    model = build_random_bert(tmp_path / "relu-bert", {**TINY_BERT_SHAPE, "hidden_act": "relu"})
+    model = tiny_bert(tmp_path / "relu-bert", hidden_act="relu")
     out = tmp_path / "out"
     torch._dynamo.reset()
     with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}):
@@ -259,17 +221,12 @@ def test_compile_outcome_reads_dynamo_counters():
     assert outcome.startswith("fell back: the recompile limit was hit"), outcome
 
 
-COMPILED_TINY = [str(REPO / "configs" / "smoke_tiny.json"), "--max_steps", "4", "--save_strategy", "no",
-                 "--synthetic_eval_examples", "10", "--pad_to_max_length", "true", "--max_seq_length", "64",
-                 "--doc_stride", "16", "--max_query_length", "16", "--torch_compile", "true",
-                 "--compile_dynamic", "false", "--compile_warmup", "true"]
-
-
 @pytest.mark.slow
+@pytest.mark.compile
 def test_the_compile_cache_is_shared_reused_and_mended(tmp_path):
     """--compile_cache_dir: two jobs compiling into it at once both finish compiled; a later job loads every graph
     from it (no FX graph compiled again); a damaged file (a module cut short) is removed and compiled again."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    env = offline_env(tmp_path / "hf")
     cache = tmp_path / "compile_cache"
     args = lambda name: [*COMPILED_TINY, "--compile_cache_dir", str(cache), "--output_dir", str(tmp_path / name)]
 

@@ -3,27 +3,13 @@ codes or progress-bar redraws, log entries as numbers, and one line that says wh
 (the QA head a base BERT lacks, weights missing beyond it) instead of transformers' table."""
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import REPO
-
-
-def _base_bert(folder):
-    """A tiny *base* BERT checkpoint, as a pretrained encoder is published: BertModel weights
-    with a pooler and no QA head, beside its tokenizer."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from qa.model import TINY_BERT_SHAPE, build_random_bert
-
-    tiny = build_random_bert(folder.parent / "tiny-qa", TINY_BERT_SHAPE)
-    BertModel(BertConfig.from_pretrained(tiny)).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
-    return folder
+from tests.helpers import REPO, base_bert, error_lines, offline_env
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +94,7 @@ def test_loading_says_what_it_means_in_one_line(case, tmp_path):
     from qa.arguments import ModelArguments
     from qa.model import load_model_and_tokenizer
 
-    folder = _base_bert(tmp_path / "base")
+    folder = base_bert(tmp_path / "base")
     if case == "encoder layer missing":  # a one-layer checkpoint whose config says two layers
         config = BertConfig.from_pretrained(folder)
         config.num_hidden_layers = 1
@@ -145,7 +131,7 @@ def test_weights_that_do_not_fit_the_config_are_an_input_error(tmp_path):
     from qa.errors import InputError
     from qa.model import load_model_and_tokenizer
 
-    folder = _base_bert(tmp_path / "base")
+    folder = base_bert(tmp_path / "base")
     config = BertConfig.from_pretrained(folder)
     config.type_vocab_size = 3  # the saved token-type embeddings have 2 rows
     config.save_pretrained(folder)
@@ -170,10 +156,8 @@ def run_log(tmp_path_factory):
     """run_qa.py fine-tuning a tiny base BERT, stdout and stderr into one file (not a terminal),
     without use_cpu (a GPU config on a machine without one) and with checkpoints."""
     tmp = tmp_path_factory.mktemp("console")
-    base = _base_bert(tmp / "base")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp / "hf"),
-               CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    env.pop("TENSORBOARD_LOGGING_DIR", None)
+    base = base_bert(tmp / "base")
+    env = offline_env(tmp / "hf", CUDA_VISIBLE_DEVICES="")
     out, log = tmp / "out", tmp / "job.out"
     with open(log, "w") as f:
         proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), str(REPO / "configs" / "smoke_tiny.json"),
@@ -213,7 +197,7 @@ def test_a_refused_rerun_says_only_why(run_log, monkeypatch, caplog, capsys):
         assert main([str(REPO / "configs" / "smoke_tiny.json"), "--model_name_or_path", str(out.parent / "base"),
                      "--use_cpu", "false", "--output_dir", str(out), "--synthetic_train_examples", "120",
                      "--synthetic_eval_examples", "40", "--do_predict", "true"]) == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    errors = error_lines(capsys.readouterr().err)
     assert len(errors) == 1 and "holds a finished run" in errors[0], errors
     assert [r.getMessage() for r in caplog.records if r.name in ("qa.model", "run_qa")] == []  # no line before it
 

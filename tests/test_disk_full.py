@@ -22,8 +22,8 @@ from qa.errors import EXIT_DISK_FULL, command
 from qa.io import DiskFull, atomic_write_json, disk_full, writing
 from qa.manifest import file_hash
 from qa.training.checkpoints import Checkpoints
-from tests.helpers import go_offline
-from tests.test_run_qa import TINY
+from tests.helpers import (COMPILED_TINY, FEATURE_PARAMS, TINY, go_offline, hash_tree, minilm_tokenizer, offline_env,
+                           one_error_line, run_qa, synthetic_examples, tiny_bert)
 
 FILLER = "filler"
 FIX = ("Fix: free space there and rerun, or write elsewhere: another --output_dir (in a SLURM job: OUTPUT_DIR on the "
@@ -85,11 +85,7 @@ def run(disk, tmp_path_factory, monkeypatch):
 
 def one_error(capfd):
     """The run's one `error:` line; no traceback, no other error line."""
-    err = capfd.readouterr().err
-    assert "Traceback" not in err and "Exception in thread" not in err, err[-3000:]
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err[-3000:]
-    return lines[0]
+    return one_error_line(capfd.readouterr().err)
 
 
 def full(folder, what, then=""):
@@ -99,8 +95,7 @@ def full(folder, what, then=""):
 
 def tree(folder):
     """Every file below `folder` (the filler aside), with its content hash."""
-    return {p.relative_to(folder).as_posix(): file_hash(p) for p in Path(folder).rglob("*")
-            if p.is_file() and p.name != FILLER}
+    return hash_tree(folder, skip=(FILLER,))
 
 
 def nothing_partial(out):
@@ -273,9 +268,7 @@ def test_the_features_cache_on_a_full_disk_is_one_warning_and_the_run_goes_on(ru
     out, main = run
     cache = disk / "features"
     args = [*SMALL, "--do_train", "false", "--features_cache_dir", str(cache), "--report_to", "none"]
-    from qa.model import TINY_BERT_SHAPE, build_random_bert
-
-    build_random_bert(cache / "tiny-bert", TINY_BERT_SHAPE)  # the model the run reads from there
+    tiny_bert(cache / "tiny-bert")  # the model the run reads from there
     leave(disk)
     with caplog.at_level(logging.WARNING):
         assert main(args, to=disk.parent / "out") == 0
@@ -292,15 +285,13 @@ def test_the_features_of_a_dataset_read_from_a_full_disk_stay_in_memory(disk, ca
     from datasets import load_from_disk
 
     from qa.data.cache import cached_features
-    from tests.helpers import minilm_tokenizer
-    from tests.test_cache import PARAMS, _examples
     from utils_qa import prepare_train_features
 
-    _examples().save_to_disk(str(disk / "hub"))
+    synthetic_examples().save_to_disk(str(disk / "hub"))
     examples, source = load_from_disk(str(disk / "hub")), tree(disk / "hub")
     leave(disk)
     with caplog.at_level(logging.WARNING):
-        feats, hit = cached_features(examples, minilm_tokenizer(), prepare_train_features, PARAMS,
+        feats, hit = cached_features(examples, minilm_tokenizer(), prepare_train_features, FEATURE_PARAMS,
                                      cache_dir=disk / "features")
     assert not hit and len(feats) >= len(examples)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
@@ -379,13 +370,10 @@ def test_the_outcome_file_on_a_full_disk_is_one_warning(disk, monkeypatch, capsy
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 def test_the_compile_cache_filling_while_compiling_is_one_warning_and_the_run_goes_on(disk, tmp_path):
     """Inductor writes its code into the cache as it compiles: the code it was compiling runs eagerly."""
-    from tests.helpers import run_qa
-    from tests.test_compile import COMPILED_TINY
-
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    env.pop("TENSORBOARD_LOGGING_DIR", None)
+    env = offline_env(tmp_path / "hf")
     leave(disk, room=128 << 10)  # the start's probe passes; the first compiled code does not fit
     proc = run_qa([*COMPILED_TINY, "--max_steps", "1", "--do_eval", "false", "--compile_warmup", "false",
                    "--report_to", "none", "--compile_cache_dir", str(disk / "compile"),

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import REPO, minilm_tokenizer
+from tests.helpers import REPO, minilm_tokenizer, offline_env
 from tests.helpers import losses as logged_losses
 
 EXAMPLES = {
@@ -294,13 +294,6 @@ def test_cache_key_does_not_depend_on_what_was_tokenized_before(tmp_path):
 # The fast config's switches, end to end through run_qa.py
 
 
-def _env(tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"),
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.pop("TENSORBOARD_LOGGING_DIR", None)
-    return env
-
-
 # configs/fast.json, adapted to a CPU (no TF32 there; compilation tested apart) and to a tiny
 # model on generated data.
 FAST_ON_CPU = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic",
@@ -312,8 +305,9 @@ FAST_ON_CPU = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "s
 
 
 def _run(args, tmp_path, timeout=600):
-    proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *args], cwd=REPO, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=timeout)
+    env = offline_env(tmp_path / "hf_home", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -363,6 +357,7 @@ def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 def test_torch_compile_with_symbolic_lengths_does_not_recompile(tmp_path):
     """configs/fast.json's compilation (regional, dynamic, warmed up) through run_qa.py: compiled
     graphs are made, all of them in the warm-up before the first step, and the training steps,
@@ -375,7 +370,7 @@ def test_torch_compile_with_symbolic_lengths_does_not_recompile(tmp_path):
         pytest.skip("QA_TEST_COMPILE=0")
     out = tmp_path / "compiled"
     started = time.perf_counter()
-    env = dict(_env(tmp_path), TORCH_LOGS="recompiles,guards")
+    env = offline_env(tmp_path / "hf_home", OMP_NUM_THREADS="1", TORCH_LOGS="recompiles,guards")
     proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), str(REPO / "configs" / "fast.json"),
                            *FAST_ON_CPU, "--torch_compile", "true", "--max_steps", "6", "--do_eval", "false",
                            "--dataloader_num_workers", "0", "--dataloader_persistent_workers", "false",

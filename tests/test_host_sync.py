@@ -33,8 +33,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 from transformers import TrainerCallback
 
-from tests.helpers import REPO
-from tests.test_transformers_range import OLDEST, OLDEST_PYTHON, needs_oldest
+from tests.helpers import OLDEST, OLDEST_PYTHON, REPO, go_offline, needs_oldest
 
 aten = torch.ops.aten
 READ = "value read (item/bool/int/float)"
@@ -266,9 +265,7 @@ def measure(tmp, extra=(), callbacks=()) -> dict:
 
     probe = HostSyncProbe()
     with pytest.MonkeyPatch.context() as monkeypatch:
-        for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", f"{tmp}/hf")):
-            monkeypatch.setenv(key, value)
-        monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+        go_offline(monkeypatch, f"{tmp}/hf", drop=("TENSORBOARD_LOGGING_DIR",))
         try:
             with _Dispatch(probe):
                 status = main([*FAST_ON_CPU, *extra, "--output_dir", f"{tmp}/out"], callbacks=(*callbacks, probe))

@@ -8,11 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import REPO
-
-FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
-HEADING = re.compile(r"^ {0,3}#{1,6}(\s|$)")
-TABLE_ROW = re.compile(r"^ {0,3}\|.*\|\s*$")
+from tests.helpers import REPO, rendering_problems
 
 
 def markdown_files():
@@ -28,66 +24,6 @@ def markdown_files():
     skip = {"runs", "venv", "node_modules", "site-packages"}
     return sorted(p for p in REPO.rglob("*.md")
                   if not any(part.startswith(".") or part in skip for part in p.relative_to(REPO).parts))
-
-
-def _covered(tokens, kind):
-    """Line numbers (0-based) inside the blocks of token type `kind`."""
-    lines = set()
-    for token in tokens:
-        if token.type == kind and token.map:
-            lines.update(range(*token.map))
-    return lines
-
-
-def written_outside_code(lines):
-    """(line number, line) of the lines outside code fences, read the way an author writes them:
-    a fence line opens a block, the next fence line of the same character closes it."""
-    open_fence = None
-    for number, line in enumerate(lines):
-        fence = FENCE.match(line)
-        if fence:
-            char = fence.group(1)[0]
-            if open_fence is None:
-                open_fence = char
-                continue
-            if char == open_fence:
-                open_fence = None
-                continue
-        if open_fence is None:
-            yield number, line
-
-
-def rendering_problems(text: str) -> list:
-    """What renders differently from how it is written, one message per problem."""
-    from markdown_it import MarkdownIt
-
-    md = MarkdownIt("commonmark").enable("table")
-    tokens = md.parse(text)
-    md.render(text)  # must not raise
-    lines = text.splitlines()
-    problems = []
-    for token in tokens:
-        if token.type != "fence":
-            continue
-        first, end = token.map
-        closing = lines[end - 1].strip() if end - 1 > first else ""
-        closed = (end - 1 > first and closing and set(closing) == {token.markup[0]}
-                  and len(closing) >= len(token.markup))
-        if not closed:
-            problems.append(f"line {first + 1}: code fence {token.markup}{token.info} is never closed by a bare "
-                            f"{token.markup} line (it runs to line {end})")
-        body = lines[first + 1:end - 1 if closed else end]
-        inner = [first + 1 + i for i, line in enumerate(body) if FENCE.match(line)]
-        if inner:
-            problems.append(f"line {first + 1}: the code block opened here holds fence-like line(s) "
-                            f"{', '.join(str(n + 1) for n in inner)}: a fence glued to text or a missing closing fence")
-    headings, tables = _covered(tokens, "heading_open"), _covered(tokens, "table_open")
-    for number, line in written_outside_code(lines):
-        if HEADING.match(line) and number not in headings:
-            problems.append(f"line {number + 1}: heading {line.strip()!r} does not render as a heading")
-        if TABLE_ROW.match(line) and number not in tables:
-            problems.append(f"line {number + 1}: table row {line.strip()[:60]!r} does not render as a table")
-    return problems
 
 
 def test_the_check_finds_a_fence_glued_to_text():

@@ -4,8 +4,7 @@ import importlib.util
 
 import pytest
 
-from tests.helpers import REPO, losses, results
-from tests.test_telemetry import PLAIN, tiny_run
+from tests.helpers import PLAIN, REPO, losses, results, tiny_run
 
 
 def _plot_tb():

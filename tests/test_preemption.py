@@ -16,10 +16,9 @@ import pytest
 import torch
 
 from qa.errors import CTRL_C, EXIT_CTRL_C
-from tests.helpers import REPO, TORCHRUN, assert_complete_checkpoint, run_qa, running
-from tests.test_run_qa import _env
+from tests.helpers import (REPO, SMOKE_TINY, TORCHRUN, assert_complete_checkpoint, offline_env, run_qa, running,
+                           wait_until)
 
-pytestmark = pytest.mark.slow  # gloo process groups and torchrun runs: tens of seconds each
 
 
 def _free_port():
@@ -55,6 +54,7 @@ def _agreeing_rank(rank, port, check_steps, signal_at, out):
 
 
 @pytest.mark.parametrize("check_steps, signal_at", [(5, (1, 7)), (5, (0, 10)), (1, (1, 3))])
+@pytest.mark.slow
 def test_ranks_agree_every_n_steps_and_stop_together(tmp_path, check_steps, signal_at):
     out = str(tmp_path / "rank")
     torch.multiprocessing.spawn(_agreeing_rank, args=(_free_port(), check_steps, signal_at, out), nprocs=2)
@@ -94,10 +94,12 @@ def test_one_process_checks_its_own_flag_at_every_step():
     assert signal.getsignal(signal.SIGTERM) is not callback._handler  # the previous handler is back
 
 
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_sigterm_to_one_rank_stops_both_at_one_step_with_a_complete_checkpoint(tmp_path, tmp_path_factory):
     """run_qa.py under torchrun; SIGTERM to rank 1's process only (as when ranks get a signal at
     different moments). Both ranks save the same step and leave; the checkpoint is marked complete."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     env["OMP_NUM_THREADS"] = "1"
     out = tmp_path / "run"
     log = tmp_path / "stderr.txt"
@@ -129,20 +131,15 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_with_a_complete_checkpoint(t
 # ---------------------------------------------------------------------------------------------
 # Ctrl-C: SIGINT as a terminal (or srun --pty) sends it; torchrun passes it on to its workers
 
-TINY = str(REPO / "configs" / "smoke_tiny.json")
-LONG = [TINY, "--num_train_epochs", "20", "--do_eval", "false", "--report_to", "none", "--save_steps", "1000"]
+LONG = [SMOKE_TINY, "--num_train_epochs", "20", "--do_eval", "false", "--report_to", "none", "--save_steps", "1000"]
 
 
 def _as_in_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a test run as a background job inherits Ctrl-C ignored
 
 
-def _wait(condition, proc, what, log, timeout=300):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None, f"the run ended before {what}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {what} in {timeout} s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.05)
+def _wait(condition, proc, what, log):
+    wait_until(condition, proc, what, log.read_text, every=0.05)
 
 
 def _start(cmd, env, log):
@@ -162,10 +159,11 @@ def _ctrl_c(proc, log, *ready, timeout=300):
         proc.kill()
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path, tmp_path_factory):
     """Ctrl-C in training: the step under way ends, its checkpoint is saved and marked complete, the run says so and
     how to go on, and ends with 130 without a traceback; the same command (longer here) resumes from that step."""
-    env, out, log = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt"
+    env, out, log = offline_env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt"
     proc = _start([sys.executable, str(REPO / "run_qa.py"), *LONG, "--output_dir", str(out)], env, log)
     status = _ctrl_c(proc, log, ("logged step 5", lambda: '"step": 5,' in log.read_text()))
     assert status == EXIT_CTRL_C, log.read_text()[-3000:]
@@ -184,10 +182,11 @@ def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path, tmp_p
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == step + 2
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_with_one_line(tmp_path, tmp_path_factory):
     """Ctrl-C, then Ctrl-C again before the step ends (the step pauses for 10 minutes here): the run stops at once
     with one line and 130, saves nothing, and gives its output folder back."""
-    env, out, log, flag = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt", tmp_path / "paused"
+    env, out, log, flag = offline_env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt", tmp_path / "paused"
     proc = _start([sys.executable, "-m", "tests.eval_hooks", "pause_training", str(flag), "--", *LONG,
                    "--output_dir", str(out)], env, log)
     status = _ctrl_c(proc, log, ("the pause in training", lambda: Path(f"{flag}.0").exists()),
@@ -198,11 +197,12 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line(tmp_path, tmp_path_factory)
     assert not list(out.glob("checkpoint-*")) and not (out / "run.lock").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
     """The imports take seconds before a command's main runs: a Ctrl-C then is the same line, and the process ends by
     SIGINT (130 in a shell)."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "run_qa.py"), TINY, "--output_dir", str(tmp_path / "run")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    run = [sys.executable, str(REPO / "run_qa.py"), SMOKE_TINY, "--output_dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(run, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_as_in_a_terminal)
     time.sleep(1.5)  # imports take more than that (transformers alone: seconds)
     proc.send_signal(signal.SIGINT)
@@ -210,11 +210,13 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
     assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", CTRL_C + "\n")
 
 
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_ctrl_c_under_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, tmp_path_factory):
     """A terminal's Ctrl-C reaches torchrun alone (its workers run in sessions of their own); it passes SIGINT on to
     them. Both ranks save the same step and end with 130, which rank 0 writes into QA_OUTCOME_FILE (torchrun itself
     ends with 1 and a traceback of its own SignalException, as torch 2.13's torchrun does for every signal)."""
-    env, out, log = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt"
+    env, out, log = offline_env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt"
     env.update(OMP_NUM_THREADS="1", QA_OUTCOME_FILE=str(tmp_path / "outcome.json"))
     proc = _start([*TORCHRUN, str(REPO / "run_qa.py"), *LONG, "--preemption_check_steps", "2",
                    "--output_dir", str(out)], env, log)
@@ -234,10 +236,12 @@ def test_ctrl_c_under_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(tm
     assert (outcome["status"], outcome["outcome"]) == (EXIT_CTRL_C, "interrupted")
 
 
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_a_second_ctrl_c_under_torchrun_stops_every_rank_at_once(tmp_path, tmp_path_factory):
     """torchrun passes a second Ctrl-C on as SIGTERM (torch 2.13): after a Ctrl-C that counts as the second, and each
     rank stops at once with one line; rank 0's outcome is 130."""
-    env, out, log, flag = _env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt", tmp_path / "paused"
+    env, out, log, flag = offline_env(tmp_path_factory), tmp_path / "run", tmp_path / "log.txt", tmp_path / "paused"
     env.update(OMP_NUM_THREADS="1", QA_OUTCOME_FILE=str(tmp_path / "outcome.json"))
     proc = _start([*TORCHRUN, "-m", "tests.eval_hooks", "pause_training", str(flag), "--", *LONG,
                    "--output_dir", str(out)], env, log)

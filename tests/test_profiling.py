@@ -5,8 +5,7 @@ import json
 import pytest
 
 from tests.helpers import losses as logged_losses
-from tests.helpers import results
-from tests.test_telemetry import PLAIN, tiny_run
+from tests.helpers import PLAIN, results, tiny_run
 
 # The profiled run differs from the plain one only in --profile (and in giving no --peak_tflops,
 # which only changes a reported figure: the CPU has no peak, so MFU must be null).

@@ -9,32 +9,17 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, TORCHRUN, assert_complete_checkpoint, go_offline, losses, results, run_qa
+from tests.helpers import (REPO, TINY, TORCHRUN, assert_complete_checkpoint, error_lines, go_offline, losses,
+                           offline_env, results, run_qa, same_as_predict)
 
 SMOKE = str(REPO / "configs" / "smoke.json")  # the README's main job
-# A tiny random BERT on generated data: seconds per run; used where only agreement matters.
-TINY = [
-    "--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic",
-    "--synthetic_train_examples", "400", "--synthetic_eval_examples", "100",
-    "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32",
-    "--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "64",
-    "--learning_rate", "2e-3", "--num_train_epochs", "2", "--logging_steps", "5", "--use_cpu", "true",
-    "--seed", "1",
-]
-
-
-def _env(tmp_path_factory):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_HOME=str(tmp_path_factory.getbasetemp() / "hf_home"), PYTHONUNBUFFERED="1")
-    env.pop("TENSORBOARD_LOGGING_DIR", None)
-    return env
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The README's main job (configs/smoke.json: a pretrained MiniLM fine-tuned on generated
     data), and the same model evaluated on the same questions before any training."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     before = tmp_path_factory.mktemp("before")
     proc = run_qa([SMOKE, "--do_train", "false", "--output_dir", str(before)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -132,7 +117,6 @@ def test_the_trained_model_answers_as_do_predict_does_and_has_a_model_card(train
     from answer_qa import Answerer
     from qa.data.sources import read_squad
     from utils_qa import postprocess_qa_predictions, prepare_validation_features
-    from tests.test_answer import same_as_predict
 
     _, out, env, _ = trained
     questions, predicted = out / "eval_data.json", tmp_path / "predicted"
@@ -163,11 +147,12 @@ def test_cached_features_are_reused(trained):
 
 
 @pytest.mark.slow
+@pytest.mark.torchrun
 def test_torchrun_two_processes_match_single_process(tmp_path, tmp_path_factory):
     """2 gloo ranks train with per-epoch evaluation and keep the best model by eval_f1 (every
     rank must hold the metric), then evaluate; the single-process evaluation of the saved
     model gives the same metrics."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     ddp = tmp_path / "ddp"
     args = [*TINY, "--do_train", "--do_eval", "--output_dir", str(ddp),
             "--eval_strategy", "epoch", "--save_strategy", "epoch", "--load_best_model_at_end", "true",
@@ -266,12 +251,12 @@ def test_bad_input_fails_cleanly(case, tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_bad_input_message_is_one_line_naming_the_culprit(tmp_path, tmp_path_factory):
     """Through a real process: exit status 2 and a single `error:` line with the fix."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     bad = _write(tmp_path / "off.json", _squad([{**GOOD_QA, "answers": [{"text": "Paris", "answer_start": 3}]}]))
     proc = run_qa(["--model_name_or_path", "bundled:tiny-bert", "--train_file", bad, "--do_train",
                    "--output_dir", str(tmp_path / "out")], env)
     assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(proc.stderr)
     assert len(errors) == 1 and "off.json" in errors[0] and "Fix:" in errors[0], proc.stderr[-2000:]
     assert not (tmp_path / "out").exists()
 
@@ -280,7 +265,7 @@ def test_bad_input_message_is_one_line_naming_the_culprit(tmp_path, tmp_path_fac
 def test_checkpoints_are_marked_rotated_and_resumed(tmp_path, tmp_path_factory):
     """Checkpoints carry the completion marker, rotation keeps save_total_limit complete ones,
     a torn checkpoint is moved aside, and a rerun resumes from the last complete one."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     out = tmp_path / "ckpt"
     common = [*TINY, "--do_train", "--save_strategy", "steps", "--save_steps", "2", "--save_total_limit", "1",
               "--output_dir", str(out)]
@@ -356,10 +341,11 @@ def test_predict_on_unlabelled_questions(kind, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.torchrun
 def test_torchrun_without_gpu_trains_as_one_gloo_group(tmp_path, tmp_path_factory):
     """A GPU config (no use_cpu) started by torchrun on a machine without a GPU: the two
     processes train as one gloo group (half the steps each), not as two lone copies."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     env["CUDA_VISIBLE_DEVICES"] = ""  # the same on a GPU machine with its GPUs hidden
     out = tmp_path / "run"
     proc = run_qa([str(REPO / "configs" / "smoke_tiny.json"), "--use_cpu", "false", "--do_eval", "false",
@@ -414,6 +400,8 @@ run_qa.exit_process(run_qa.main(sys.argv[1:], callbacks=[watch]))
 
 
 @pytest.mark.parametrize("extra", [[], ["--ddp_comm_hook", "fp16"]], ids=["plain", "hook-bound-to-trainer"])
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_a_torchrun_rank_frees_its_ddp_model_before_it_destroys_the_group(extra, tmp_path, tmp_path_factory):
     """At a run's end the DDP model, and with it the trainer, is gone before the process group, also when a callback
     bound to the trainer holds it in a reference cycle: freed after the gloo group was destroyed, it dropped the
@@ -421,7 +409,7 @@ def test_a_torchrun_rank_frees_its_ddp_model_before_it_destroys_the_group(extra,
     needed to free a finished collective's tensors (a torchrun rank hung at exit)."""
     script = tmp_path / "watched_run.py"
     script.write_text(WATCHED_RUN)
-    env = {**_env(tmp_path_factory), "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
+    env = {**offline_env(tmp_path_factory), "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([*TORCHRUN, str(script), str(REPO / "configs" / "smoke_tiny.json"), "--use_cpu", "false",
                            "--do_eval", "false", "--save_strategy", "no", "--report_to", "none",
                            "--output_dir", str(tmp_path / "run"), *extra], cwd=REPO, env=env, capture_output=True,

@@ -15,8 +15,7 @@ import pytest
 from qa.training import runlock
 from qa.errors import InputError
 from qa.training.runlock import LOCK_NAME, RunLock, process_start, stale_reason, this_run
-from tests.helpers import TORCHRUN, go_offline, run_qa, running
-from tests.test_run_qa import TINY, _env
+from tests.helpers import TINY, TORCHRUN, error_lines, go_offline, offline_env, run_qa, running, wait_until
 
 # ---------------------------------------------------------------------------------------------
 # The rule, on real processes
@@ -144,7 +143,7 @@ def test_requeued_job_takes_over_and_others_are_refused(tmp_path, offline, capsy
     out = tmp_path / "out"
     lock = _write_lock(out, slurm_job_id="4242", slurm_restart_count=0)
     assert main([*QUICK, "--output_dir", str(out)]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    err = error_lines(capsys.readouterr().err)
     assert len(err) == 1 and f"pid {os.getpid()}, SLURM job 4242 restart 0" in err[0], err
     assert sorted(os.listdir(out)) == [LOCK_NAME]
     offline.setenv("SLURM_JOB_ID", "4242")
@@ -168,17 +167,15 @@ def test_lock_of_a_crashed_run_is_taken_over(tmp_path, offline, caplog):
 
 
 def _wait_for(path, proc, timeout=300):
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.2)
+    """Until `path` exists; the stderr of `proc` (piped) if it ends first."""
+    wait_until(path.exists, proc, path, lambda: proc.communicate()[1] if proc.poll() is not None else "", timeout,
+               every=0.2)
 
 
 @pytest.mark.slow
 def test_second_run_on_the_same_folder_is_refused(tmp_path, tmp_path_factory):
     """Two real processes: the second refuses at start, naming the first, which finishes fine."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     out = tmp_path / "out"
     with running([*TINY, "--do_train", "--max_steps", "40", "--save_strategy", "no", "--report_to", "none",
                   "--output_dir", str(out)], env) as first:
@@ -186,7 +183,7 @@ def test_second_run_on_the_same_folder_is_refused(tmp_path, tmp_path_factory):
         second = run_qa([*TINY, "--do_train", "--output_dir", str(out)], env, timeout=600)
         assert first.poll() is None, "the first run ended before the second started: make it longer"
         assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
-        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        errors = error_lines(second.stderr)
         assert len(errors) == 1 and errors[0].startswith(
             f"error: {out}: is in use by another run (host {socket.gethostname()}, pid {first.pid}, started "), errors
         _, stderr = first.communicate(timeout=900)
@@ -196,24 +193,25 @@ def test_second_run_on_the_same_folder_is_refused(tmp_path, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.torchrun
 def test_refused_torchrun_run_stops_on_every_rank(tmp_path, tmp_path_factory):
     """Rank 0 refuses (the folder is held by a live run: this test's process); rank 1 must not
     wait for it in a collective, nor take the lock itself."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     out = tmp_path / "out"
     lock = _write_lock(out)
     held = lock.read_text()
     started = time.monotonic()
     proc = run_qa([*TINY, "--do_train", "--output_dir", str(out)], env, launcher=TORCHRUN, timeout=600)
     assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = error_lines(proc.stderr)
     assert len(errors) == 2 and all("is in use by another run" in e for e in errors), proc.stderr[-4000:]
     assert time.monotonic() - started < 300
     assert lock.read_text() == held and sorted(os.listdir(out)) == [LOCK_NAME]
 
 
 def test_lock_is_given_back_on_the_sigterm_checkpoint_exit(tmp_path, tmp_path_factory):
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     out = tmp_path / "out"
     with running([*TINY, "--do_train", "--max_steps", "500", "--save_steps", "2", "--report_to", "none",
                   "--output_dir", str(out)], env) as proc:

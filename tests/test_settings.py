@@ -17,7 +17,7 @@ import pytest
 
 from qa.arguments import RULES, DataArguments, Folder, ModelArguments, Number, RunArguments, check_settings, steps
 from qa.errors import InputError
-from tests.helpers import REPO, go_offline, run_qa, unprivileged
+from tests.helpers import REPO, go_offline, offline_env, run_qa, unprivileged
 
 BASE = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic", "--do_train", "--do_eval",
         "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32", "--use_cpu", "true"]
@@ -182,7 +182,7 @@ def test_through_a_real_process_and_a_config_file(tmp_path):
     config = tmp_path / "cfg.json"
     config.write_text(json.dumps({"model_name_or_path": "bundled:tiny-bert", "dataset_name": "synthetic",
                                   "do_train": True, "gradient_accumulation_steps": 0, "use_cpu": True}))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    env = offline_env(tmp_path / "hf")
     proc = run_qa([str(config), "--output_dir", str(tmp_path / "out")], env, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1, proc.stderr
@@ -312,7 +312,7 @@ def test_a_setting_a_config_gives_is_unset_from_the_command_line_with_none(offli
 def test_fp16_on_the_cpu_is_refused(tmp_path):
     """accelerate runs no fp16 autocast on a CPU: the run would train in fp32 while its log, model card and
     all_results.json said fp16. As a user runs it (--use_cpu: the same refusal on a machine with a GPU)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    env = offline_env(tmp_path / "hf")
     proc = run_qa([*BASE, "--fp16", "true", "--max_steps", "2", "--synthetic_eval_examples", "8",
                    "--output_dir", str(tmp_path / "out")], env, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -2,58 +2,17 @@
 and a real tiny run that must log train/perf/* to TensorBoard and summarise them in
 all_results.json. No timing asserts: only that the figures exist and are sane.
 
-`tiny_run` is shared with tests/test_profiling.py and tests/test_plot_tb.py, so each tiny run
+`tiny_run` (tests/helpers.py) is shared with tests/test_profiling.py and tests/test_plot_tb.py, so each tiny run
 (about 10 s of imports alone) happens once per test session."""
 import json
 import math
-import os
 import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import REPO
-
-TINY = [
-    "--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic",
-    "--synthetic_train_examples", "200", "--synthetic_eval_examples", "50",
-    "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "32",
-    "--do_train", "--do_eval", "--use_cpu", "true", "--per_device_train_batch_size", "16",
-    "--logging_steps", "2", "--num_train_epochs", "1", "--seed", "3",
-]
-_RUNS = {}
-
-
-def tiny_run(tmp_path_factory, name, *extra):
-    """The output folder of `run_qa.py TINY + extra`, run once per session and name."""
-    key = (str(tmp_path_factory.getbasetemp()), name)
-    if key not in _RUNS:
-        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1",
-                   HF_HOME=str(tmp_path_factory.getbasetemp() / "hf_home"))
-        env.pop("TENSORBOARD_LOGGING_DIR", None)
-        out = tmp_path_factory.mktemp(name)
-        proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *TINY, *extra, "--output_dir", str(out)],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        _RUNS[key] = out
-    return _RUNS[key]
-
-
-# The plain run reports MFU against a made-up peak (CPUs have none in the table).
-PLAIN = ("plain", "--peak_tflops", "0.5")
-
-
-def scalars(out):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    found = {}
-    for folder in sorted({p.parent for p in (out / "runs").rglob("events.out.tfevents.*")}):
-        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            found.setdefault(tag, []).extend(e.value for e in acc.Scalars(tag))
-    return found
+from tests.helpers import PLAIN, REPO, scalars, tiny_run
 
 
 # ---------------------------------------------------------------------------------------------

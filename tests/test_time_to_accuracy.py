@@ -8,10 +8,8 @@ import time
 import pytest
 
 from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback, eval_interval, first_questions, time_to_target
-from tests.helpers import TORCHRUN, go_offline, results, run_qa
+from tests.helpers import TINY, TORCHRUN, go_offline, offline_env, results, run_qa, scalars
 from tests.helpers import losses as _losses
-from tests.test_run_qa import TINY, _env
-from tests.test_telemetry import scalars
 
 # ---------------------------------------------------------------------------------------------
 # The arithmetic, on hand-made evaluations
@@ -116,7 +114,7 @@ def test_evaluating_during_training_changes_nothing_in_training(tmp_path, tmp_pa
     """Same losses at every step with and without --eval_every (the evaluation's data loader would
     otherwise draw from the random stream that dropout and the next epoch's shuffling use), and
     what the evaluations recorded: the JSON, the results, results.md and TensorBoard."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     plain = _run(tmp_path, env, "plain", [])
     timed = _run(tmp_path, env, "timed", ["--eval_every", "0.25", "--eval_every_questions", "40",
                                           "--target_f1", "1"])
@@ -146,7 +144,7 @@ def test_evaluating_during_training_changes_nothing_in_training(tmp_path, tmp_pa
 def test_the_final_evaluation_takes_every_question_with_persistent_workers(tmp_path, tmp_path_factory):
     """configs/fast.json keeps DataLoader workers alive, and the Trainer then reuses its eval loader:
     the one over the subset evaluated during training must not serve the final evaluation."""
-    out = _run(tmp_path, _env(tmp_path_factory), "persistent", [
+    out = _run(tmp_path, offline_env(tmp_path_factory), "persistent", [
         "--eval_every", "0.5", "--eval_every_questions", "40", "--dataloader_num_workers", "1",
         "--dataloader_persistent_workers", "true"])
     res = results(out)
@@ -156,7 +154,7 @@ def test_the_final_evaluation_takes_every_question_with_persistent_workers(tmp_p
 
 @pytest.mark.slow
 def test_never_reached_target_is_null(tmp_path, tmp_path_factory):
-    out = _run(tmp_path, _env(tmp_path_factory), "unreached", ["--eval_every", "0.5", "--target_f1", "99.9",
+    out = _run(tmp_path, offline_env(tmp_path_factory), "unreached", ["--eval_every", "0.5", "--target_f1", "99.9",
                                                                "--num_train_epochs", "1"])
     res = results(out)
     assert res["train_seconds_to_target_f1"] is None and res["best_f1_during_training"] < 99.9
@@ -181,10 +179,11 @@ def test_bad_time_to_accuracy_settings_are_one_line(extra, culprit, tmp_path, mo
 
 
 @pytest.mark.slow
+@pytest.mark.torchrun
 def test_under_torchrun_every_rank_evaluates_and_training_is_unchanged(tmp_path, tmp_path_factory):
     """2 gloo ranks: the evaluations during training run on both (as the final one does) and the
     losses are those of the same run without them."""
-    env = _env(tmp_path_factory)
+    env = offline_env(tmp_path_factory)
     plain = _run(tmp_path, env, "plain", ["--ddp_find_unused_parameters", "false"], TORCHRUN)
     timed = _run(tmp_path, env, "timed", ["--ddp_find_unused_parameters", "false", "--eval_every", "0.5",
                                           "--target_f1", "1"], TORCHRUN)

@@ -10,7 +10,6 @@ builds (tools/transformers_env.sh, QA_TRANSFORMERS_OLDEST_PYTHON), on the oldest
 huggingface_hub 1.33, where the project also trains, evaluates and predicts."""
 import inspect
 import json
-import os
 import re
 import subprocess
 
@@ -20,13 +19,7 @@ from transformers.integrations import TensorBoardCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import EvalLoopOutput, rotate_checkpoints, speed_metrics
 
-from tests.helpers import REPO, assert_complete_checkpoint, losses
-
-OLDEST = "5.17"
-# Set by .ci/run: the Python of an environment with the oldest release of the range.
-OLDEST_PYTHON = os.environ.get("QA_TRANSFORMERS_OLDEST_PYTHON")
-needs_oldest = pytest.mark.skipif(not OLDEST_PYTHON, reason=f"no transformers {OLDEST} environment: .ci/run builds "
-                                  "one with tools/transformers_env.sh and sets QA_TRANSFORMERS_OLDEST_PYTHON")
+from tests.helpers import OLDEST, OLDEST_PYTHON, REPO, assert_complete_checkpoint, losses, needs_oldest, offline_env
 
 
 def _params(fn) -> list:
@@ -138,9 +131,7 @@ def test_oldest_release_trains_evaluates_and_predicts(tmp_path):
     """A tiny train + eval + predict through run_qa.py on transformers 5.17, exercising every
     override: the length column for grouped batches, checkpoints marked and rotated, evaluation
     in order and scored, prediction files."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.pop("TENSORBOARD_LOGGING_DIR", None)
+    env = offline_env(tmp_path / "hf", OMP_NUM_THREADS="1")
     out = tmp_path / "out"
     proc = subprocess.run(
         [OLDEST_PYTHON, str(REPO / "run_qa.py"), str(REPO / "configs" / "smoke_tiny.json"), "--do_predict",
