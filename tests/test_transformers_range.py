@@ -1,9 +1,9 @@
 """The supported range of transformers releases, declared in pyproject.toml (transformers>=5.17,<5.24).
 
-trainer_qa.py overrides Trainer methods, three of them internal (_get_train_sampler, _get_eval_sampler,
-_save_checkpoint): a release that renamed one, changed its parameters or stopped calling it would run without
-any error and silently lose what the override does (the length column, the evaluation order, the completion
-marker).
+trainer_qa.py overrides Trainer methods, four of them internal (_get_train_sampler, _get_eval_sampler,
+_save_checkpoint, _clip_grad_norm): a release that renamed one, changed its parameters or stopped calling it would
+run without any error and silently lose what the override does (the length column, the evaluation order, the
+completion marker, a clipping without walks of the parameters).
 CONTRACTS checks each such fact, read from the installed classes and functions: here on the release the
 suite runs (requirements.txt's pin, the newest of the range) and, in a second environment that .ci/run
 builds (tools/transformers_env.sh, QA_TRANSFORMERS_OLDEST_PYTHON), on the oldest, 5.17 with
@@ -31,6 +31,11 @@ def _uses(fn, text: str) -> bool:
     return text in inspect.getsource(fn)
 
 
+def _in_library(t, text: str) -> bool:
+    """Whether the Trainer's code (any method of transformers' classes `t` derives from) contains `text`."""
+    return any(text in inspect.getsource(c) for c in t.__mro__ if c.__module__.startswith("transformers."))
+
+
 # What trainer_qa.QuestionAnsweringTrainer relies on in a Trainer class `t`: {what: check(t) -> holds}.
 CONTRACTS = {
     "Trainer.log(logs, start_time)": lambda t: _params(t.log)[1:3] == ["logs", "start_time"],
@@ -48,6 +53,12 @@ CONTRACTS = {
         and _uses(t._save_checkpoint, "rotate_checkpoints(")
         and _uses(t._save_checkpoint, "self.args.save_total_limit"),
     "Trainer._get_output_dir(trial)": lambda t: _params(t._get_output_dir)[1:] == ["trial"],
+    "Trainer._clip_grad_norm(model), the training loop's clipping":
+        lambda t: _params(t._clip_grad_norm)[1:] == ["model"] and _in_library(t, "self._clip_grad_norm(model)"),
+    "The loop's model.zero_grad() and training_step's model.train(), on the model the loop runs (model_wrapped)":
+        lambda t: _in_library(t, "model.zero_grad()") and _uses(t.training_step, "model.train()")
+        and _in_library(t, "self.model_wrapped = model"),
+    "Trainer.floating_point_ops(inputs)": lambda t: _params(t.floating_point_ops)[1:] == ["inputs"],
     "Trainer.save_model(output_dir, _internal_call)":
         lambda t: _params(t.save_model)[1:3] == ["output_dir", "_internal_call"],
     "Trainer.evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)":
@@ -100,11 +111,17 @@ class _LogWithoutStartTime(Trainer):
         return None
 
 
+class _ClippingRenamed(Trainer):
+    def _clip_grad_norm(self, wrapped):  # a release that renamed the parameter
+        return None
+
+
 @pytest.mark.parametrize("cls, names", [
     (_RenamedParameter, "Trainer.get_eval_dataloader(eval_dataset) and get_test_dataloader(test_dataset), "
                         "choosing the sampler when called"),
     (_NoLongerCalled, "Trainer._get_train_sampler(train_dataset), called by get_train_dataloader"),
     (_LogWithoutStartTime, "Trainer.log(logs, start_time)"),
+    (_ClippingRenamed, "Trainer._clip_grad_norm(model), the training loop's clipping"),
 ])
 def test_a_broken_contract_is_found(cls, names):
     assert broken(cls) == [names]  # only what is broken is named
