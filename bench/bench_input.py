@@ -157,10 +157,12 @@ def markdown(r) -> str:
     lines += ["", f"In-process, per batch (CPU time): reading the rows out of Arrow {b['fetch_rows_ms_per_batch']:.2f} "
               f"ms, the collator {b['collator_ms_per_batch']:.2f} ms."]
     if s["worker_cpu_ms_per_batch"] is not None:  # some run had workers
-        lines[-1] += (f" A worker spends {s['worker_cpu_ms_per_batch']:.2f} ms of CPU per batch: the rest, "
-                      f"{s['worker_handover_ms_per_batch']:.2f} ms, is its loop handing the batch over (tensors moved "
-                      f"to shared memory, pickled, queued). The main process spends {s['main_cpu_ms_per_batch']:.2f} "
-                      f"ms receiving it: {s['main_share_at_target']:.0%} of one core at the required rate.")
+        if s["worker_handover_ms_per_batch"] is not None:  # else under one clock tick of CPU in the whole window
+            lines[-1] += (f" A worker spends {s['worker_cpu_ms_per_batch']:.2f} ms of CPU per batch: the rest, "
+                          f"{s['worker_handover_ms_per_batch']:.2f} ms, is its loop handing the batch over (tensors "
+                          f"moved to shared memory, pickled, queued). The main process spends "
+                          f"{s['main_cpu_ms_per_batch']:.2f} ms receiving it: {s['main_share_at_target']:.0%} of one "
+                          "core at the required rate.")
         pinning = "measured with it" if r["pin_memory"] else "pinning, not measured (no GPU here), costs no more " \
             "than one more copy of the batch in the pin-memory thread"
         lines += ["", f"**Projection, not a measurement:** {s['config_workers']} workers x {s['per_worker']:,} "

@@ -379,10 +379,12 @@ def test_run_callbacks_follow_the_arguments():
     assert kinds == {"telemetry": TelemetryCallback, "profiler": ProfilerCallback,
                      "preemption": CheckpointOnSignalCallback}
     compiled = run_callbacks(RunArguments(compile_warmup=True, preemption_check_steps=4, eval_every=0.5),
-                             SimpleNamespace(output_dir="x", torch_compile=True, report_to=[]))
+                             SimpleNamespace(output_dir="x", torch_compile=True, torch_compile_mode=None, report_to=[]))
     assert [type(c) for c in compiled.values()] == [TimeToAccuracyCallback, TelemetryCallback,
                                                     CheckpointOnSignalCallback, CompileWarmupCallback]
-    assert compiled["preemption"].check_steps == 4
+    assert compiled["preemption"].check_steps == 4 and compiled["compile_warmup"].passes == 1
+    graphs = SimpleNamespace(output_dir="x", torch_compile=True, torch_compile_mode="reduce-overhead", report_to=[])
+    assert run_callbacks(RunArguments(compile_warmup=True), graphs)["compile_warmup"].passes == 2  # CUDA graphs record
     uncompiled = run_callbacks(RunArguments(compile_warmup=True), SimpleNamespace(output_dir="x", torch_compile=False))
     assert "compile_warmup" not in uncompiled  # nothing to warm up
     # every instrument off, and nothing of the scaling study's unless asked (--measure_communication)
