@@ -105,6 +105,8 @@ def test_compile_settings_reach_accelerate(monkeypatch, tmp_path):
         configure_compile(args("false", True), tmp_path)
         assert TorchDynamoPlugin(backend="inductor", dynamic=None).dynamic is False
         assert torch._dynamo.config.recompile_limit >= STATIC_RECOMPILE_LIMIT
+        configure_compile(args("false", False), tmp_path)  # after a regional run in the same process: its own choice
+        assert not TorchDynamoPlugin(backend="inductor", dynamic=None).use_regional_compilation
 
 
 @pytest.mark.parametrize("capability, bf16, changes, note", [

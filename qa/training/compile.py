@@ -49,8 +49,8 @@ def configure_compile(model_args, features_cache) -> None:
     dynamic = model_args.compile_dynamic
     if dynamic != "auto":
         os.environ["ACCELERATE_DYNAMO_USE_DYNAMIC"] = dynamic
-    if model_args.compile_regional:
-        os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "true"
+    # both ways: a value left in the environment by an earlier run in this process (or its parent's) is not this run's
+    os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "true" if model_args.compile_regional else "false"
     if dynamic == "false":
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
     else:
