@@ -82,6 +82,18 @@ def train_file(path, lengths):
     return str(path)
 
 
+def train_features(lengths):
+    """The training features of question_record()s of these lengths, in order (128/32/16 windows, unpadded)."""
+    from datasets import Dataset
+
+    from utils_qa import prepare_train_features
+
+    examples = Dataset.from_list([question_record(i, n) for i, n in enumerate(lengths)])
+    return examples.map(prepare_train_features, batched=True, remove_columns=examples.column_names,
+                        fn_kwargs=dict(tokenizer=minilm_tokenizer(), max_seq_length=128, doc_stride=32,
+                                       max_query_length=16, pad_to_max_length=False))
+
+
 # ---------------------------------------------------------------------------------------------
 # The offline environment
 

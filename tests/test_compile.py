@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from tests.helpers import (COMPILED_TINY, compiled_run, minilm_tokenizer, needs_compile, offline_env, question_record,
-                           run_qa, running, tiny_bert)
+from tests.helpers import (COMPILED_TINY, compiled_run, minilm_tokenizer, needs_compile, offline_env, run_qa,
+                           running, tiny_bert, train_features)
 
 
 def test_sdpa_with_mask_computes_what_sdpa_computes(tmp_path):
@@ -88,22 +88,16 @@ def test_compile_warm_up_leaves_training_unchanged(tmp_path):
     minutes) put back every random generator and clear the gradients: the run's losses and
     weights are exactly those of a run without it."""
     import torch
-    from datasets import Dataset
     from transformers import TrainingArguments
 
     from qa.arguments import ModelArguments
     from qa.data.collate import BucketPaddingCollator
-    from utils_qa import prepare_train_features
     from qa.model import load_model_and_tokenizer
     from qa.training.compile import CompileWarmupCallback
     from trainer_qa import QuestionAnsweringTrainer
 
     tok = minilm_tokenizer()
-    records = [question_record(i, n) for i, n in enumerate([20, 33, 47, 26, 58, 40, 35, 61, 22, 50, 44, 29])]
-    examples = Dataset.from_list(records)
-    features = examples.map(prepare_train_features, batched=True, remove_columns=examples.column_names,
-                            fn_kwargs=dict(tokenizer=tok, max_seq_length=128, doc_stride=32, max_query_length=16,
-                                           pad_to_max_length=False))
+    features = train_features([20, 33, 47, 26, 58, 40, 35, 61, 22, 50, 44, 29])
     runs = {}
     for warm in (False, True):
         model, _ = load_model_and_tokenizer(ModelArguments("bundled:tiny-bert"), work_dir=tmp_path)

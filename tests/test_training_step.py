@@ -6,20 +6,9 @@ per-step work (trainer_qa.py): its FLOP count without a walk of the modules, gra
 import pytest
 import torch
 
-from tests.helpers import compiled_run, losses, minilm_tokenizer, needs_compile, question_record
+from tests.helpers import compiled_run, losses, minilm_tokenizer, needs_compile, train_features
 
 CUDA_GRAPHS = ["--torch_compile_mode", "reduce-overhead", "--compile_regional", "false", "--length_buckets", "128", "384"]
-
-
-def _features(lengths):
-    from datasets import Dataset
-
-    from utils_qa import prepare_train_features
-
-    examples = Dataset.from_list([question_record(i, n) for i, n in enumerate(lengths)])
-    return examples.map(prepare_train_features, batched=True, remove_columns=examples.column_names,
-                        fn_kwargs=dict(tokenizer=minilm_tokenizer(), max_seq_length=128, doc_stride=32,
-                                       max_query_length=16, pad_to_max_length=False))
 
 
 def test_a_short_training_batch_is_filled_with_ignored_rows_and_trains_the_same(tmp_path):
@@ -27,7 +16,7 @@ def test_a_short_training_batch_is_filled_with_ignored_rows_and_trains_the_same(
     from qa.data.collate import BucketPaddingCollator
     from qa.model import load_model_and_tokenizer
 
-    features = _features([30, 45])
+    features = train_features([30, 45])
     rows = [features[i] for i in range(2)]
     collate = BucketPaddingCollator(minilm_tokenizer(), 128, length_buckets=[32, 64, 128], rows=4)
     filled, plain = collate(rows), BucketPaddingCollator(minilm_tokenizer(), 128, length_buckets=[32, 64, 128])(rows)
@@ -124,7 +113,7 @@ def test_the_trainer_steps_without_walking_the_modules(tmp_path, monkeypatch):
     args = TrainingArguments(str(tmp_path / "out"), use_cpu=True, report_to="none", max_steps=3,
                              per_device_train_batch_size=4, save_strategy="no", logging_steps=1,
                              train_sampling_strategy="sequential")
-    features = _features([20, 33, 47, 26, 58, 40, 35, 61, 22, 50, 44, 29])
+    features = train_features([20, 33, 47, 26, 58, 40, 35, 61, 22, 50, 44, 29])
     trainer = QuestionAnsweringTrainer(model=model, args=args, train_dataset=features, processing_class=tok,
                                        data_collator=BucketPaddingCollator(tok, 128), callbacks=[watch])
     walks_before = watch.walks
