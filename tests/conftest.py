@@ -61,3 +61,12 @@ def slurm_cluster_left_idle(request):
         left = clear_slurm_leftovers(_STARTED_CLUSTER[0])
         if left:
             print(f"\n{request.node.nodeid}: left on the SLURM cluster and cleared: {'; '.join(left)}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """pytest.ini runs the suite in two processes (pytest-xdist, --dist loadgroup): a module's tests stay in one, so
+    its module fixtures run once, and the modules that use the SLURM cluster share one process and its one cluster."""
+    slurm_modules = {item.module.__name__ for item in items if "slurm_cluster" in item.fixturenames}
+    for item in items:
+        module = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group("slurm" if module in slurm_modules else module))
