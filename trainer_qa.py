@@ -163,10 +163,10 @@ class _NoModuleWalksPerStep(TrainerCallback):
         trainer.flops_per_token = 6 * trainer.model.num_parameters(exclude_embeddings=True)
         model = trainer.model_wrapped
         model.zero_grad = functools.partial(trainer.optimizer.zero_grad, set_to_none=True)
-        ref, train = weakref.ref(model), type(model).train
+        ref, inner, train = weakref.ref(model), weakref.ref(trainer.model), type(model).train
 
-        def train_when_changed(mode=True):  # by a weak reference: no cycle keeps the model, or a DDP group, alive
-            return ref() if ref().training == mode else train(ref(), mode)
+        def train_when_changed(mode=True):  # weak references: no cycle keeps the model, or a DDP group, alive
+            return ref() if ref().training == inner().training == mode else train(ref(), mode)  # DDP and its model
         model.train = train_when_changed
 
 
