@@ -223,7 +223,7 @@ class RunArguments:
     check: bool = arg(False, help="The check job: is this node ready for the run, and how long will it take "
                       "(check.md; a few dozen real steps, nothing of the run kept).")
 
-    adjusted: list[str] = field(default_factory=list, init=False)  # not an argument: what device_precision changed
+    adjusted: list[str] = field(default_factory=list, init=False)  # not an argument: what the device changed
 
     def timed_steps(self) -> tuple[int, int] | None:
         return None if self.telemetry_window is None else tuple(map(int, self.telemetry_window.split(":")))
@@ -450,12 +450,12 @@ def parse_args(argv):
     values.update({name: None for name, needed in NEEDS.items() if needed in off})  # unused: not recorded as run
     capability, on_cpu = training_device(values)
     changes, note = device_precision(capability, values.get("bf16"), values.get("tf32"), values.get("fp16"), on_cpu)
-    values.update(changes)
+    values.update(changes, **({"fsdp": None, "fsdp_config": None} if on_cpu and (fsdp := values.get("fsdp")) else {}))
     try:
         built = parser.parse_dict(values, allow_extra_keys=True)
     except (TypeError, ValueError) as err:  # a combination TrainingArguments refuses
         raise InputError(source, f"invalid arguments: {str(err).splitlines()[0].rstrip('.')}", HELP) from None
-    if note:
+    for note in filter(None, [note, on_cpu and fsdp and "the CPU has no FSDP (accelerate shards on GPUs): plain DDP"]):
         logger.warning("%s", note)
         built[2].adjusted.append(note)  # into environment.json and results.md
     return (*built, explicit)

@@ -15,11 +15,12 @@ jobs/launch.sh (srun -> torchrun -> run_qa.py); job_ft3.sh is its 1 node x 1 pro
 - a rank killed mid-training (SIGKILL, like the OOM killer) ends the whole 2-node job promptly;
 - a refused run, one out of memory and one interrupted without requeue end their jobs with run_qa.py's
   own status (2, 3, 143) and outcome, which rank 0 wrote into the launcher's outcome file (torchrun says 1);
-- a check job warned of its time limit (by hand, and at a real one with SLURM_SLOW_TESTS=1) stops not ready
+- a check job warned of its time limit (by hand, and at a real one) stops not ready
   (status 2, its verdict once) and is not requeued, although job_ft3.sh asks for --requeue;
-- STRATEGY=fsdp and GLOBAL_BATCH: the arguments reach run_qa.py and the job completes. What CPU
-  cannot show: accelerate 1.15 shards only on GPUs (with use_cpu it runs FSDP requests as plain
-  DDP, MULTI_CPU), so sharding, sharded checkpoints and NCCL are for a GPU cluster to check.
+- job_ddp.sh, 2 nodes x 2 processes with STRATEGY=fsdp and GLOBAL_BATCH: world size 4, every rank trains, the
+  global batch sets the steps; accelerate 1.15 shards only on GPUs (on CPUs it runs FSDP requests as plain DDP,
+  MULTI_CPU), so DDP trains, its checkpoints are DDP's and the records say so, not the FSDP asked. Sharding, sharded
+  checkpoints and NCCL are for a GPU cluster to check.
 
 The fail-fast checks (missing environment file or config, GLOBAL_BATCH, #SBATCH header), the
 output folder read without transformers and the run's own global batch arithmetic need no SLURM, and
@@ -725,27 +726,49 @@ def test_an_interrupted_job_not_requeued_ends_with_the_runs_status(slurm_cluster
 @pytest.mark.slow  # a real local SLURM cluster
 @pytest.mark.slurm
 @pytest.mark.torchrun
-def test_fsdp_and_global_batch(slurm_cluster, env_file, tmp_path):
-    """As far as CPU goes: accelerate runs FSDP only on GPUs (here it falls back to DDP)."""
-    job = submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "1", "--gres=gpu:a100:2",
-                 CONFIG=CONFIG, OUTPUT_DIR=tmp_path / "out", STRATEGY="fsdp", GLOBAL_BATCH=16)
+def test_fsdp_asked_of_two_nodes_of_two_cpu_processes_trains_as_ddp_recorded_as_ddp(slurm_cluster, env_file, tmp_path):
+    """job_ddp.sh on 2 nodes x 2 processes (-N 2 --gres=gpu:a100:2: torchrun starts a process per granted GPU on each
+    node) with STRATEGY=fsdp and GLOBAL_BATCH=32: world size 4, every rank trains, 32 = 4 per device x 4 x accumulation
+    2 sets the steps. accelerate 1.15 shards only on GPUs (on CPUs its process group is MULTI_CPU: plain DDP), so what
+    trains is DDP: its checkpoints hold DDP's optimizer.pt, none of FSDP's files, and the records say no FSDP, with
+    the reason among the settings adjusted to the device, never the FSDP that was asked. Sharding, sharded
+    checkpoints and NCCL are for a GPU cluster to check."""
+    job = submit(slurm_cluster, DDP, tmp_path, env_file, "-N", "2", "--gres=gpu:a100:2",
+                 CONFIG=CONFIG, OUTPUT_DIR=tmp_path / "out", STRATEGY="fsdp", GLOBAL_BATCH=32)
     job.wait()
     job.completed()
-    print(f"\njob {job.id} (job_ddp.sh fsdp 1x2): {job.seconds:.0f} s from submission to COMPLETED")
-    env = json.loads((job.out / "environment.json").read_text())
+    print(f"\njob {job.id} (job_ddp.sh fsdp 2x2): {job.seconds:.0f} s from submission to COMPLETED")
+    log, env, res = job.logs(), json.loads((job.out / "environment.json").read_text()), results(job.out)
+    # the world: 2 nodes x 2 processes, each rank joined and training
+    assert "strategy fsdp: 2 node(s) x 2 process(es) = world size 4; rendezvous 127.0.0.1:" in log, job.tail()
+    assert "--nnodes=2 --nproc_per_node=2" in log
+    assert env["slurm"]["SLURM_JOB_NODELIST"] == "node[1-2]" and env["slurm"]["SLURM_GPUS_ON_NODE"] == "2"
+    assert (env["distributed"]["WORLD_SIZE"], env["distributed"]["LOCAL_WORLD_SIZE"]) == ("4", "2"), env["distributed"]
+    assert rank_lines(log, 4) == [0, 1, 2, 3], job.tail()
+    assert res["train_setup"]["world_size"] == 4  # read from the live Trainer
+    (times,) = job_times(job.out)
+    assert (times["script"], times["world_size"], times["outcome"]) == ("job_ddp.sh", 4, "completed"), times
+    # the global batch: 32 over 4 processes, 4 per device x accumulation 2; each rank's share of the features in
+    # batches of 4, two batches a step
     cfg = env["config"]
-    assert cfg["fsdp"] is True and cfg["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["BertLayer"]
-    assert cfg["fsdp_config"]["version"] == 2 and cfg["fsdp_config"]["reshard_after_forward"] is True
-    assert (cfg["per_device_train_batch_size"], cfg["gradient_accumulation_steps"]) == (4, 2)
-    assert env["distributed"]["WORLD_SIZE"] == "2"
-    log = job.logs()
-    assert cfg["global_batch"] == 16
-    assert "global_batch 16 over 2 processes: per-device batch 4 (configured 4) x gradient accumulation 2" in log
-    assert "global batch 16 = per-device 4 x world size 2 x gradient accumulation 2" in log
-    assert "no GPU here: accelerate does not shard on CPUs" in log
-    assert rank_lines(log, 2) == [0, 1], job.tail()
-    res = results(job.out)
-    assert global_step(job.out) == math.ceil(math.ceil(res["train_features"] / 2) / 8)
+    assert cfg["global_batch"] == 32 and (cfg["per_device_train_batch_size"], cfg["gradient_accumulation_steps"]) == (4, 2)
+    assert "global_batch 32 over 4 processes: per-device batch 4 (configured 4) x gradient accumulation 2" in log
+    assert "global batch 32 = per-device 4 x world size 4 x gradient accumulation 2" in log
+    assert global_step(job.out) == math.ceil(math.ceil(math.ceil(res["train_features"] / 4) / 4) / 2), res
+    # the run's results: every question answered, the metric's bounds
+    predictions = json.loads((job.out / "predictions.json").read_text())
+    assert res["eval_examples"] == len(predictions) == 60 and 0 <= res["eval_exact_match"] <= res["eval_f1"], res
+    assert 0 < res["train_runtime"] < res["WALL_CLOCK_SECONDS"], res
+    # what trained: DDP, not FSDP
+    assert "no GPU here: accelerate does not shard on CPUs, this runs as plain DDP" in log
+    checkpoints = sorted(job.out.glob("checkpoint-*"))
+    assert checkpoints, sorted(p.name for p in job.out.iterdir())
+    for folder in checkpoints:
+        names = {p.name for p in folder.iterdir()}
+        assert "optimizer.pt" in names and not {n for n in names if "fsdp" in n or n.startswith("optimizer_")}, names
+    assert not cfg["fsdp"] and not cfg["fsdp_config"], (cfg["fsdp"], cfg["fsdp_config"])
+    assert "the CPU has no FSDP (accelerate shards on GPUs): plain DDP" in cfg["adjusted"], cfg["adjusted"]
+    assert "the CPU has no FSDP" in (job.out / "results.md").read_text()  # its "adjusted to the device" row
 
 
 @pytest.mark.slow  # a real local SLURM cluster
@@ -824,13 +847,11 @@ def test_a_check_job_warned_before_its_time_limit_is_not_ready_and_not_requeued(
 
 
 @pytest.mark.slow  # a real local SLURM cluster
-@pytest.mark.skipif(not os.environ.get("SLURM_SLOW_TESTS"),
-                    reason="waits for SLURM's warning before a real time limit (60-120 s); set SLURM_SLOW_TESTS=1")
 @pytest.mark.slurm
 @pytest.mark.torchrun
 def test_a_check_job_that_meets_its_time_limit_is_not_ready_and_not_requeued(slurm_cluster, env_file, tmp_path):
-    """--time=3 (minutes: SLURM's unit) with the warning 60 s before it, which SLURM may send up to 60 s early: 60-120
-    s after the start, when start-up and imports are over, the slowed check is still measuring, and a minute is left
-    for it to say so."""
-    job = _check_submitted(slurm_cluster, env_file, tmp_path, "--time=3", "--signal=B:USR1@60")
+    """--time=2 (minutes: SLURM's unit) with the warning 90 s before it. slurmctld looks at time limits every 30 s,
+    so the warning comes 30-60 s after the start: start-up and imports are over (about 10 s here), the slowed check
+    is still measuring, and the limit's own SIGTERM is at least a minute later, time enough for the check to say so."""
+    job = _check_submitted(slurm_cluster, env_file, tmp_path, "--time=2", "--signal=B:USR1@90")
     _stopped_not_ready_and_not_requeued(job)
