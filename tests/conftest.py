@@ -2,6 +2,7 @@
 provokes reads as one line of at most ERROR_LINE_LIMIT characters as printed (`error: ...`), the length
 docs/running.md promises. A path under the tests' temporary folder counts as a short one ("runs"): a user's own long
 paths are theirs, the rest of the line is ours. Helpers (functions and constants) are in tests/helpers.py."""
+import os
 import re
 
 import pytest
@@ -70,3 +71,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__
         item.add_marker(pytest.mark.xdist_group("slurm" if module in slurm_modules else module))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """QA_NO_SKIPS=1 (.ci/run sets it): a test that skips fails with its reason, so that CI cannot pass without what
+    it provides (the dev set, the second transformers environment, the SLURM cluster, a compiler)."""
+    report = (yield).get_result()
+    if report.skipped and os.environ.get("QA_NO_SKIPS") == "1" and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome, report.longrepr = "failed", f"skipped, where QA_NO_SKIPS=1 expects it to run: {reason}"
