@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import REPO, minilm_tokenizer, offline_env
+from tests.helpers import REPO, go_offline, minilm_tokenizer, offline_env
 from tests.helpers import losses as logged_losses
 
 EXAMPLES = {
@@ -306,15 +306,15 @@ FAST_ON_CPU = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "s
                "--report_to", "none", "--dataloader_num_workers", "1"]
 
 
-def _run(args, tmp_path, timeout=600):
-    env = offline_env(tmp_path / "hf_home", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(REPO / "run_qa.py"), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+def _run(args, tmp_path, monkeypatch):
+    """run_qa.main in this process: the process boundary is not what these tests test."""
+    from run_qa import main
+
+    go_offline(monkeypatch, tmp_path / "hf_home", drop=("TENSORBOARD_LOGGING_DIR",))
+    assert main([str(arg) for arg in args]) == 0
 
 
-def test_records_say_what_trained(tmp_path):
+def test_records_say_what_trained(tmp_path, monkeypatch):
     """bf16 on a CPU runs (accelerate autocasts it there): its losses differ from fp32's at the first step, and
     results.md and the model card name the precision, attention and optimizer the telemetry read from the live
     Trainer. Without the telemetry, the precision the settings gave (after device_precision)."""
@@ -325,7 +325,7 @@ def test_records_say_what_trained(tmp_path):
     runs = {}
     for name, flags in (("bf16", ["--bf16", "true"]), ("fp32", ["--telemetry", "false"])):
         runs[name] = out = tmp_path / name
-        _run([*FAST_ON_CPU, *tiny, *flags, "--output_dir", str(out)], tmp_path)
+        _run([*FAST_ON_CPU, *tiny, *flags, "--output_dir", str(out)], tmp_path, monkeypatch)
     setup = json.loads((runs["bf16"] / "all_results.json").read_text())["train_setup"]
     assert (setup["matmul_precision"], setup["attn_implementation"], setup["optimizer"]) == ("bf16", "eager", "AdamW")
     said = "bf16 matmuls, eager attention, AdamW"
@@ -336,12 +336,12 @@ def test_records_say_what_trained(tmp_path):
 
 
 @pytest.mark.slow
-def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path):
+def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path, monkeypatch):
     """configs/fast.json's switches train (the loss falls) and evaluate; evaluating the saved
     model again without length grouping gives the very same predictions, so the grouped run
     paired every feature with its own logits."""
     out = tmp_path / "fast"
-    _run([str(REPO / "configs" / "fast.json"), *FAST_ON_CPU, "--output_dir", str(out)], tmp_path)
+    _run([str(REPO / "configs" / "fast.json"), *FAST_ON_CPU, "--output_dir", str(out)], tmp_path, monkeypatch)
     results = json.loads((out / "all_results.json").read_text())
     config = json.loads((out / "environment.json").read_text())["config"]
     assert config["bf16"] and config["attn_implementation"] == "sdpa" and not config["pad_to_max_length"]
@@ -353,7 +353,7 @@ def test_fast_config_trains_and_evaluates_through_run_qa(tmp_path):
     assert results["eval_loss"] < 4.5, results["eval_loss"]
     again = tmp_path / "again"
     _run([*FAST_ON_CPU, "--model_name_or_path", str(out), "--do_eval", "--bf16", "true", "--pad_to_max_length",
-          "false", "--output_dir", str(again)], tmp_path)
+          "false", "--output_dir", str(again)], tmp_path, monkeypatch)
     assert json.loads((again / "predictions.json").read_text()) == json.loads((out / "predictions.json").read_text())
     assert json.loads((again / "all_results.json").read_text())["eval_f1"] == results["eval_f1"]
 
