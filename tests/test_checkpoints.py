@@ -212,6 +212,25 @@ def test_explicit_damaged_checkpoint_stops_the_run(run, capsys):
     assert hash_tree(out) == before
 
 
+@pytest.mark.slow
+def test_an_explicit_checkpoint_resumes_from_it_though_newer_ones_exist(run):
+    """--resume path/to/checkpoint-N (docs/running.md, "Resuming") picks that one, not the newest: with checkpoint-4
+    and -6 beside it, --resume checkpoint-2 goes on from step 2 (checkpoint-4 and -6 written again by this run, the
+    Trainer's mean loss over steps 3-8) and trains to the end."""
+    import time
+
+    from tests.helpers import assert_complete_checkpoint, results
+
+    out, main = run
+    started = time.time()
+    assert main("--max_steps", "8", "--resume", str(out / "checkpoint-2")) == 0
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+    assert results(out)["train_loss_steps"] == "3-8"
+    for step in (4, 6, 8):  # each saved by this run, whole
+        assert_complete_checkpoint(out / f"checkpoint-{step}", step)
+        assert (out / f"checkpoint-{step}" / COMPLETE_MARKER).stat().st_mtime >= started, step
+
+
 # ---------------------------------------------------------------------------------------------
 # A finished run is never overwritten by one that trains less, and a checkpoint resumes only
 # under settings that keep what its steps mean. A small run by epochs: 64 questions, batch 16.
