@@ -1,6 +1,7 @@
 """run_qa.py end to end, on CPU and offline: it must learn, record what it did, agree with
 itself under torchrun, and refuse bad input cleanly."""
 import json
+import logging
 import math
 import os
 import re
@@ -13,6 +14,14 @@ from tests.helpers import (REPO, TINY, TORCHRUN, assert_complete_checkpoint, err
                            offline_env, results, run_qa, same_as_predict)
 
 SMOKE = str(REPO / "configs" / "smoke.json")  # the README's main job
+
+
+def in_process(monkeypatch, tmp_path_factory, out):
+    """For run_qa.main in this process: offline with the session's Hugging Face cache (offline_env's), and TensorBoard
+    in out/runs, where a run_qa.py process puts it (run_qa.finalize sets the variable only when it is unset, and
+    monkeypatch takes it back after the test)."""
+    go_offline(monkeypatch, tmp_path_factory.getbasetemp() / "hf_home")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(out / "runs"))
 
 
 @pytest.fixture(scope="module")
@@ -111,18 +120,21 @@ def test_results_name_each_loss_for_what_it_is():
 
 
 @pytest.mark.slow
-def test_the_trained_model_answers_as_do_predict_does_and_has_a_model_card(trained, tmp_path):
+def test_the_trained_model_answers_as_do_predict_does_and_has_a_model_card(trained, tmp_path, tmp_path_factory,
+                                                                           monkeypatch):
     """bert-squad-answer's API on the main job's model: --do_predict's answers to the questions the
     run evaluated, some of them over several windows; README.md says how to ask it."""
     from answer_qa import Answerer
     from qa.data.sources import read_squad
     from utils_qa import postprocess_qa_predictions, prepare_validation_features
 
-    _, out, env, _ = trained
+    from run_qa import main
+
+    _, out, _, _ = trained
     questions, predicted = out / "eval_data.json", tmp_path / "predicted"
-    proc = run_qa([SMOKE, "--model_name_or_path", str(out), "--do_train", "false", "--do_eval", "false",
-                   "--do_predict", "--test_file", str(questions), "--output_dir", str(predicted)], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    in_process(monkeypatch, tmp_path_factory, predicted)
+    assert main([SMOKE, "--model_name_or_path", str(out), "--do_train", "false", "--do_eval", "false",
+                 "--do_predict", "--test_file", str(questions), "--output_dir", str(predicted)]) == 0
     answerer = Answerer(out)
     columns = read_squad(questions).dataset.to_dict()
     windows = prepare_validation_features(columns, answerer.tokenizer, 128, 32, 32, with_labels=False)
@@ -163,7 +175,7 @@ def test_torchrun_two_processes_match_single_process(tmp_path, tmp_path_factory)
     assert record["distributed"]["WORLD_SIZE"] == "2"
     state = json.loads((ddp / "trainer_state.json").read_text())
     assert state["best_metric"] is not None and state["best_model_checkpoint"]
-    single = tmp_path / "single"
+    single = tmp_path / "single"  # a process of its own: its wall-clock breakdown starts with the process
     proc = run_qa([*TINY, "--model_name_or_path", str(ddp), "--do_eval", "--do_predict", "--output_dir", str(single)],
                   env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -262,27 +274,27 @@ def test_bad_input_message_is_one_line_naming_the_culprit(tmp_path, tmp_path_fac
 
 
 @pytest.mark.slow
-def test_checkpoints_are_marked_rotated_and_resumed(tmp_path, tmp_path_factory):
+def test_checkpoints_are_marked_rotated_and_resumed(tmp_path, tmp_path_factory, monkeypatch, caplog):
     """Checkpoints carry the completion marker, rotation keeps save_total_limit complete ones,
-    a torn checkpoint is moved aside, and a rerun resumes from the last complete one."""
-    env = offline_env(tmp_path_factory)
+    a torn checkpoint is moved aside, and a rerun resumes from the last complete one (in-process)."""
+    from run_qa import main
+
     out = tmp_path / "ckpt"
+    in_process(monkeypatch, tmp_path_factory, out)
     common = [*TINY, "--do_train", "--save_strategy", "steps", "--save_steps", "2", "--save_total_limit", "1",
               "--output_dir", str(out)]
-    proc = run_qa([*common, "--max_steps", "4"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main([*common, "--max_steps", "4"]) == 0
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]
     assert_complete_checkpoint(out / "checkpoint-4", 4)
     torn = out / "checkpoint-9"
     torn.mkdir()
     (torn / "config.json").write_text("{")  # what a job killed mid-save leaves
-    proc = run_qa([*common, "--max_steps", "6"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resuming from" in proc.stderr and "checkpoint-4" in proc.stderr
+    with caplog.at_level(logging.INFO):
+        assert main([*common, "--max_steps", "6"]) == 0
+    assert f"resuming from {out / 'checkpoint-4'}" in caplog.messages
     assert not torn.exists() and list(out.glob("incomplete-*/checkpoint-9"))
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
-    proc = run_qa([*common, "--max_steps", "2", "--resume", "never"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main([*common, "--max_steps", "2", "--resume", "never"]) == 0
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
     assert list(out.glob("previous-*/checkpoint-6"))
 
@@ -342,14 +354,11 @@ def test_predict_on_unlabelled_questions(kind, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.torchrun
-def test_torchrun_without_gpu_trains_as_one_gloo_group(tmp_path, tmp_path_factory):
+def test_torchrun_without_gpu_trains_as_one_gloo_group(watched_torchrun):
     """A GPU config (no use_cpu) started by torchrun on a machine without a GPU: the two
-    processes train as one gloo group (half the steps each), not as two lone copies."""
-    env = offline_env(tmp_path_factory)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the same on a GPU machine with its GPUs hidden
-    out = tmp_path / "run"
-    proc = run_qa([str(REPO / "configs" / "smoke_tiny.json"), "--use_cpu", "false", "--do_eval", "false",
-                   "--save_strategy", "no", "--report_to", "none", "--output_dir", str(out)], env, launcher=TORCHRUN)
+    processes train as one gloo group (half the steps each), not as two lone copies. (The run is
+    the teardown test's plain one: run_qa.main under torchrun, with a callback that only watches.)"""
+    proc, out = watched_torchrun()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "no GPU is visible here: training as one gloo group" in proc.stderr
     record = json.loads((out / "environment.json").read_text())
@@ -399,21 +408,39 @@ run_qa.exit_process(run_qa.main(sys.argv[1:], callbacks=[watch]))
 """
 
 
+@pytest.fixture(scope="module")
+def watched_torchrun(tmp_path_factory):
+    """configs/smoke_tiny.json as a GPU config (no use_cpu) under torchrun, its GPUs hidden, through WATCHED_RUN, with
+    `extra` arguments: (the CompletedProcess, the output folder), run once per module and `extra` (the gloo-group
+    test reads the teardown test's plain run)."""
+    runs = {}
+
+    def run(*extra):
+        if extra not in runs:
+            folder = tmp_path_factory.mktemp("watched")
+            script = folder / "watched_run.py"
+            script.write_text(WATCHED_RUN)
+            # CUDA_VISIBLE_DEVICES="": the same on a GPU machine with its GPUs hidden
+            env = {**offline_env(tmp_path_factory), "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
+            proc = subprocess.run([*TORCHRUN, str(script), str(REPO / "configs" / "smoke_tiny.json"), "--use_cpu",
+                                   "false", "--do_eval", "false", "--save_strategy", "no", "--report_to", "none",
+                                   "--output_dir", str(folder / "run"), *extra], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=900)
+            runs[extra] = proc, folder / "run"
+        return runs[extra]
+
+    return run
+
+
 @pytest.mark.parametrize("extra", [[], ["--ddp_comm_hook", "fp16"]], ids=["plain", "hook-bound-to-trainer"])
 @pytest.mark.slow
 @pytest.mark.torchrun
-def test_a_torchrun_rank_frees_its_ddp_model_before_it_destroys_the_group(extra, tmp_path, tmp_path_factory):
+def test_a_torchrun_rank_frees_its_ddp_model_before_it_destroys_the_group(extra, watched_torchrun):
     """At a run's end the DDP model, and with it the trainer, is gone before the process group, also when a callback
     bound to the trainer holds it in a reference cycle: freed after the gloo group was destroyed, it dropped the
     group's last reference, whose destructor joined gloo's worker while holding the interpreter lock the worker
     needed to free a finished collective's tensors (a torchrun rank hung at exit)."""
-    script = tmp_path / "watched_run.py"
-    script.write_text(WATCHED_RUN)
-    env = {**offline_env(tmp_path_factory), "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([*TORCHRUN, str(script), str(REPO / "configs" / "smoke_tiny.json"), "--use_cpu", "false",
-                           "--do_eval", "false", "--save_strategy", "no", "--report_to", "none",
-                           "--output_dir", str(tmp_path / "run"), *extra], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc, _ = watched_torchrun(*extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = re.findall(r"(\w+) freed before the group: (True|False)", proc.stdout)
     assert said == [("DistributedDataParallel", "True")] * 2, proc.stdout[-3000:]
