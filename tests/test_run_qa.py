@@ -589,3 +589,76 @@ def test_a_shell_without_the_environment_gets_one_line(tmp_path):
             assert named and named[1] == str(env_file), lines[0]
         else:  # the repository's own (README: VENV_DIR=.venv), or none yet: run the setup
             assert named[1] == str(REPO / ".venv.env.sh") if named else "run ./setup_bert.sh" in lines[0], lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# SQuAD v2.0, subsets of whole questions and the global batch, through run_qa.main in-process:
+# a tiny BERT, a few dozen questions, 64-token windows.
+
+SHORT_WINDOWS = ["--max_seq_length", "64", "--doc_stride", "16", "--max_query_length", "16", "--use_cpu", "true",
+                 "--report_to", "none", "--save_strategy", "no", "--seed", "1"]
+CITIES = [("Paris", "France"), ("Rome", "Italy"), ("Berlin", "Germany"), ("Madrid", "Spain"), ("Lisbon", "Portugal"),
+          ("Vienna", "Austria"), ("Oslo", "Norway"), ("Dublin", "Ireland"), ("Athens", "Greece"), ("Bern", "Switzerland")]
+FILLER = "The old town has narrow streets, small shops and a market every week. "
+
+
+def _official(path, articles, version="1.1"):
+    """An official-format SQuAD file of `articles`: [(context, [(id, question, answer text or None), ...]), ...];
+    None: an unanswerable question (SQuAD v2.0's is_impossible, no answers)."""
+    data = [{"title": f"T{a}", "paragraphs": [{"context": context, "qas": [
+        {"id": qid, "question": question, "is_impossible": answer is None,
+         "answers": [] if answer is None else [{"text": answer, "answer_start": context.index(answer)}]}
+        for qid, question, answer in qas]}]} for a, (context, qas) in enumerate(articles)]
+    return _write(path, {"version": version, "data": data})
+
+
+def _v2_articles(offset, n):
+    """n articles, each with an answerable question (the capital) and an unanswerable one (the population)."""
+    articles = []
+    for i in range(offset, offset + n):
+        city, country = CITIES[i % len(CITIES)]
+        articles.append((f"{city} is the capital of {country}. It lies on a river with many old bridges.",
+                         [(f"a{i}", f"What is the capital of {country}?", city),
+                          (f"n{i}", f"How many people live in {country}?", None)]))
+    return articles
+
+
+def _normalized(text):
+    """The official SQuAD answer normalization: lower case, no punctuation, no articles, single spaces."""
+    import string
+
+    text = "".join(c for c in text.lower() if c not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+@pytest.mark.slow
+def test_squad_v2_trains_and_evaluates_with_unanswerable_questions(tmp_path, tmp_path_factory, monkeypatch):
+    """--version_2_with_negative end to end on an official v2.0 file: training takes the unanswerable questions, and
+    the evaluation reports the official v2.0 figures: as many HasAns/NoAns questions as the file holds, each figure
+    what the written predictions score, the overall one their weighted mean, and a null-odds file."""
+    from run_qa import main
+
+    out = tmp_path / "out"
+    in_process(monkeypatch, tmp_path_factory, out)
+    train = _official(tmp_path / "train.json", _v2_articles(0, 16), version="v2.0")
+    evaluation = _official(tmp_path / "dev.json", _v2_articles(3, 6), version="v2.0")
+    assert main(["--model_name_or_path", "bundled:tiny-bert", "--train_file", train, "--validation_file", evaluation,
+                 "--version_2_with_negative", "--do_train", "--do_eval", *SHORT_WINDOWS,
+                 "--per_device_train_batch_size", "16", "--learning_rate", "2e-3", "--num_train_epochs", "2",
+                 "--output_dir", str(out)]) == 0
+    res = results(out)
+    assert res["train_examples"] == 32 and json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+    assert (res["eval_total"], res["eval_HasAns_total"], res["eval_NoAns_total"], res["eval_examples"]) == (12, 6, 6, 12)
+    predictions = json.loads((out / "predictions.json").read_text())
+    gold = {qid: answer for _, qas in _v2_articles(3, 6) for qid, _, answer in qas}
+    assert sorted(predictions) == sorted(gold)
+    right = {qid: (predictions[qid] == "" if answer is None else _normalized(predictions[qid]) == _normalized(answer))
+             for qid, answer in gold.items()}
+    has, no = [q for q in gold if gold[q] is not None], [q for q in gold if gold[q] is None]
+    assert res["eval_NoAns_exact"] == res["eval_NoAns_f1"] == pytest.approx(100 * sum(right[q] for q in no) / 6)
+    assert res["eval_HasAns_exact"] == pytest.approx(100 * sum(right[q] for q in has) / 6)
+    assert res["eval_HasAns_exact"] <= res["eval_HasAns_f1"] <= 100
+    for key in ("exact", "f1"):
+        assert res[f"eval_{key}"] == pytest.approx((res[f"eval_HasAns_{key}"] + res[f"eval_NoAns_{key}"]) / 2), key
+    assert res["eval_exact_match"] == res["eval_exact"]
+    assert sorted(json.loads((out / "null_odds.json").read_text())) == sorted(gold)
