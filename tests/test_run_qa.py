@@ -662,3 +662,46 @@ def test_squad_v2_trains_and_evaluates_with_unanswerable_questions(tmp_path, tmp
         assert res[f"eval_{key}"] == pytest.approx((res[f"eval_HasAns_{key}"] + res[f"eval_NoAns_{key}"]) / 2), key
     assert res["eval_exact_match"] == res["eval_exact"]
     assert sorted(json.loads((out / "null_odds.json").read_text())) == sorted(gold)
+
+
+def _windows(questions, contexts, length=64, stride=16):
+    """How many windows the tokenizer cuts each question's context into (its own overflow, not the project's), and
+    where each question's first window ends in its context (a character offset)."""
+    from tests.helpers import minilm_tokenizer
+
+    enc = minilm_tokenizer()(questions, contexts, truncation="only_second", max_length=length, stride=stride,
+                             return_overflowing_tokens=True, return_offsets_mapping=True)
+    sample_of = list(enc["overflow_to_sample_mapping"])
+    first_end = [max(end for (_, end), part in zip(enc["offset_mapping"][sample_of.index(i)],
+                                                   enc.sequence_ids(sample_of.index(i))) if part == 1)
+                 for i in range(len(questions))]
+    return [sample_of.count(i) for i in range(len(questions))], first_end
+
+
+@pytest.mark.slow
+def test_max_samples_keep_whole_questions(tmp_path, tmp_path_factory, monkeypatch, caplog):
+    """--max_train_samples 5 and --max_eval_samples 4 keep the first questions with every window: the last kept
+    question's context spans several windows, and all of them are trained on and evaluated (the well-known example
+    cut the features to N instead, leaving that question without logits)."""
+    from run_qa import main
+
+    out = tmp_path / "out"
+    in_process(monkeypatch, tmp_path_factory, out)
+    articles = [(f"{city} is the capital of {country}. " + FILLER * (8 if i in (3, 4) else 0),
+                 [(f"q{i}", f"What is the capital of {country}?", city)]) for i, (city, country) in enumerate(CITIES)]
+    data = _official(tmp_path / "data.json", articles)
+    windows, first_end = _windows([qas[0][1] for _, qas in articles], [context for context, _ in articles])
+    assert windows[:3] == [1, 1, 1] and min(windows[3:5]) >= 3 and windows[5:] == [1] * 5
+    with caplog.at_level(logging.INFO, logger="run_qa"):
+        assert main(["--model_name_or_path", "bundled:tiny-bert", "--train_file", data, "--validation_file", data,
+                     "--max_train_samples", "5", "--max_eval_samples", "4", "--do_train", "--do_eval",
+                     *SHORT_WINDOWS, "--max_steps", "2", "--per_device_train_batch_size", "8",
+                     "--output_dir", str(out)]) == 0
+    res = results(out)
+    assert res["train_examples"] == 5 and res["train_features"] == sum(windows[:5]), (res["train_features"], windows)
+    assert res["eval_examples"] == res["eval_predictions"] == 4
+    assert f"validation: 4 questions -> {sum(windows[:4])} features (tokenized)" in caplog.messages, caplog.messages
+    assert sorted(json.loads((out / "predictions.json").read_text())) == ["q0", "q1", "q2", "q3"]
+    nbest = json.loads((out / "nbest_predictions.json").read_text())
+    # q3's candidates come from all its windows: some lie past its first window's end
+    assert max(e["answer_start"] for e in nbest["q3"] if e["answer_start"] is not None) >= first_end[3]
