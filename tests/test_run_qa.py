@@ -705,3 +705,37 @@ def test_max_samples_keep_whole_questions(tmp_path, tmp_path_factory, monkeypatc
     nbest = json.loads((out / "nbest_predictions.json").read_text())
     # q3's candidates come from all its windows: some lie past its first window's end
     assert max(e["answer_start"] for e in nbest["q3"] if e["answer_start"] is not None) >= first_end[3]
+
+
+@pytest.mark.slow
+def test_global_batch_by_accumulation_trains_as_the_whole_batch(tmp_path, tmp_path_factory, monkeypatch, caplog):
+    """--global_batch 16 on one process, from a per-device batch of 16 (16 x 1) and of 8 (8 x 2 accumulation): the
+    same losses and gradient norms step by step (fp32 on a CPU; a tiny BERT without dropout, whose masks would be
+    drawn for other shapes; every window padded to the same length), the same data and seed."""
+    from run_qa import main
+    from tests.helpers import tiny_bert
+
+    model = tiny_bert(tmp_path / "no-dropout", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    runs = {}
+    for batch in (16, 8):
+        out = tmp_path / f"batch{batch}"
+        in_process(monkeypatch, tmp_path_factory, out)
+        with caplog.at_level(logging.INFO, logger="run_qa"):
+            assert main([*TINY, "--model_name_or_path", str(model), "--synthetic_train_examples", "64", "--do_train",
+                         "--per_device_train_batch_size", str(batch), "--global_batch", "16", "--max_steps", "4",
+                         "--logging_steps", "1", "--pad_to_max_length", "true", "--max_seq_length", "64",
+                         "--doc_stride", "16", "--max_query_length", "16", "--report_to", "none",
+                         "--save_strategy", "no", "--output_dir", str(out)]) == 0
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        runs[batch] = ([(e["step"], e["loss"], e["grad_norm"]) for e in history if "loss" in e],
+                       results(out)["train_setup"])
+    assert "global_batch 16 over 1 processes: per-device batch 8 (configured 8) x gradient accumulation 2" in \
+        caplog.messages
+    (whole, setup16), (accumulated, setup8) = runs[16], runs[8]
+    assert (setup16["per_device_train_batch_size"], setup16["gradient_accumulation_steps"]) == (16, 1)
+    assert (setup8["per_device_train_batch_size"], setup8["gradient_accumulation_steps"]) == (8, 2)
+    assert [s for s, _, _ in whole] == [s for s, _, _ in accumulated] == [1, 2, 3, 4]
+    assert len({loss for _, loss, _ in whole}) == 4  # the model moves: a step that differed would show
+    for (step, loss, norm), (_, loss8, norm8) in zip(whole, accumulated):
+        assert loss8 == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+        assert norm8 == pytest.approx(norm, rel=1e-4, abs=1e-6), step
