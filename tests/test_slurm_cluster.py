@@ -92,9 +92,9 @@ def test_usr1_trap_requeues_and_second_run_sees_restart_count(slurm_cluster, tmp
 
 
 def test_time_limit_signal_requeues(slurm_cluster, tmp_path):
-    # --time=1 with USR1 55 s before the end: slurmctld looks at time limits every 30 s, so it sends it 5-35 s after
-    # the start (the batch shell sets its trap within the first 5 s).
-    script = REQUEUE_SCRIPT.format(extra="--time=1 --signal=B:USR1@55", ready=tmp_path / "r")
+    # --time=1 with USR1 25 s before the end: slurmctld looks at time limits every 30 s and sends a warning due before
+    # its next look at once, so 5-35 s after the start (the batch shell sets its trap within the first 5 s).
+    script = REQUEUE_SCRIPT.format(extra="--time=1 --signal=B:USR1@25", ready=tmp_path / "r")
     _check_requeued(slurm_cluster.wait(slurm_cluster.sbatch(script), timeout=120))
 
 

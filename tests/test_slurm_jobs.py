@@ -850,8 +850,9 @@ def test_a_check_job_warned_before_its_time_limit_is_not_ready_and_not_requeued(
 @pytest.mark.slurm
 @pytest.mark.torchrun
 def test_a_check_job_that_meets_its_time_limit_is_not_ready_and_not_requeued(slurm_cluster, env_file, tmp_path):
-    """--time=2 (minutes: SLURM's unit) with the warning 90 s before it. slurmctld looks at time limits every 30 s,
-    so the warning comes 30-60 s after the start: start-up and imports are over (about 10 s here), the slowed check
-    is still measuring, and the limit's own SIGTERM is at least a minute later, time enough for the check to say so."""
-    job = _check_submitted(slurm_cluster, env_file, tmp_path, "--time=2", "--signal=B:USR1@90")
+    """--time=2 (minutes: SLURM's unit) with the warning 60 s before it. slurmctld looks at time limits every 30 s and
+    sends a warning due before its next look at once, so it comes 30-60 s after the start: start-up and imports are
+    over (about 10 s here), the slowed check is still measuring, and the limit's own SIGTERM is a minute or more
+    later, time enough for the check to say so."""
+    job = _check_submitted(slurm_cluster, env_file, tmp_path, "--time=2", "--signal=B:USR1@60")
     _stopped_not_ready_and_not_requeued(job)
