@@ -64,13 +64,29 @@ def slurm_cluster_left_idle(request):
             print(f"\n{request.node.nodeid}: left on the SLURM cluster and cleared: {'; '.join(left)}")
 
 
-def pytest_collection_modifyitems(config, items):
-    """pytest.ini runs the suite in two processes (pytest-xdist, --dist loadgroup): a module's tests stay in one, so
-    its module fixtures run once, and the modules that use the SLURM cluster share one process and its one cluster."""
-    slurm_modules = {item.module.__name__ for item in items if "slurm_cluster" in item.fixturenames}
-    for item in items:
-        module = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group("slurm" if module in slurm_modules else module))
+SLURM_MODULES = "tests/test_slurm_"  # the modules that use the cluster: one process runs them all, one after another
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own default
+def pytest_xdist_make_scheduler(config, log):
+    """pytest.ini runs the suite in two processes (pytest-xdist): a module's tests stay in one, so that its module
+    fixtures run once, and the SLURM modules share one process and so its one cluster (xdist's loadgroup cannot say
+    so: pytest 9 ignores the test ids it rewrites)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            module = nodeid.split("::", 1)[0]
+            return SLURM_MODULES if module.startswith(SLURM_MODULES) else module
+
+    return ByModule(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    strays = {item.nodeid.split("::")[0] for item in items if "slurm_cluster" in item.fixturenames
+              and not item.nodeid.startswith(SLURM_MODULES)}
+    if strays:  # else two processes would start two clusters on the same ports
+        raise pytest.UsageError(f"{', '.join(sorted(strays))} use(s) slurm_cluster: name the module {SLURM_MODULES}*")
 
 
 @pytest.hookimpl(hookwrapper=True)
