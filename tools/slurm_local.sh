@@ -48,7 +48,8 @@ tree() { local c; echo "$1"; for c in $(ps -o pid= --ppid "$1"); do tree "$c"; d
 
 write_config() {
   local port=${SLURM_LOCAL_PORT:-17000} host cpus mem
-  host=$(hostname); cpus=${SLURM_LOCAL_CPUS:-$(nproc)}
+  # the machine's CPUs: nproc counts OMP_NUM_THREADS instead where it is set (the tests' one thread a process)
+  host=$(hostname); cpus=${SLURM_LOCAL_CPUS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
   mem=${SLURM_LOCAL_MEM_MB:-$(awk '/MemTotal/ {print int($2/1024*0.9)}' /proc/meminfo)}
   mkdir -p "$DIR"/{state,log,run,spool/node1,spool/node2}
   install -d -m 755 "$DIR/munge"   # clients need x on the socket dir; key stays 0400
