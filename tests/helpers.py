@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The official SQuAD v1.1 dev set: $SQUAD_DEV, or ../shared/data/squad/dev-v1.1.json.gz beside the
 # repository (docs/data.md, "The SQuAD dev set"; bench/dev_set.py); tests that need it skip without it.
 DEV_SET = squad_dev_path()
+NO_DEV_SET = f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)"
 # Two processes on this machine (gloo on the CPU), for run_qa.py and other scripts.
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
 # The SLURM tests' job config (a tiny random BERT on generated questions, checkpoints every 10 steps).
@@ -115,8 +116,9 @@ def go_offline(monkeypatch, hf_home, drop=()):
     variables named in `drop` unset."""
     for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(hf_home))):
         monkeypatch.setenv(key, value)
-    for key in drop:
-        monkeypatch.delenv(key, raising=False)
+    for key in drop:  # set first, so that monkeypatch puts back its absence too: run_qa.finalize's setdefault fills it
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +233,7 @@ def compiled_run(tmp_path, lengths, *extra):
 # (tools/transformers_env.sh) and sets QA_TRANSFORMERS_OLDEST_PYTHON to its Python.
 OLDEST = "5.17"
 OLDEST_PYTHON = os.environ.get("QA_TRANSFORMERS_OLDEST_PYTHON")
+needs_dev = pytest.mark.skipif(not DEV_SET.exists(), reason=NO_DEV_SET)
 needs_oldest = pytest.mark.skipif(not OLDEST_PYTHON, reason=f"no transformers {OLDEST} environment: .ci/run builds "
                                   "one with tools/transformers_env.sh and sets QA_TRANSFORMERS_OLDEST_PYTHON")
 

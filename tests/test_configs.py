@@ -4,7 +4,6 @@ training; and the published recipe that bench/ restates (batch 12, lr 3e-5, 384/
 padded) is configs/reference.json's, setting by setting, so that the two cannot drift apart."""
 import json
 import re
-from pathlib import Path
 
 import pytest
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tests.helpers import DEV_SET, REPO
+from tests.helpers import DEV_SET, REPO, needs_dev
 
 KIT = REPO / "tools" / "gpu_kit.sh"
 MIB = 1024 * 1024
@@ -222,7 +222,7 @@ def kit_state():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not DEV_SET.exists(), reason=f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)")
+@needs_dev
 def test_the_kit_and_the_tree_fit_every_call(tmp_path):
     """tools/gpu_kit.sh packs the kit as the prepared call carries it and checks the tree plus each carry set (with
     and without the MiniLM) against 56 MiB: what travels with a call. In a copy of the tree, with no registry: pip's

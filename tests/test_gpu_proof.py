@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DEV_SET, REPO, bench_module
+from tests.helpers import DEV_SET, NO_DEV_SET, REPO, bench_module, needs_dev
 
-needs_dev = pytest.mark.skipif(not DEV_SET.exists(), reason=f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)")
 PARITY = "parity-reference-42,parity-fast-42,parity-reference-43,parity-fast-43"
 
 
@@ -57,7 +56,7 @@ def assert_comes_back(out):
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     if not DEV_SET.exists():
-        pytest.skip(f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)")
+        pytest.skip(NO_DEV_SET)
     tmp = tmp_path_factory.mktemp("proof")
     results = tmp / "results"
     first = call(tmp, "first", results, 800, "--pieces", "bench," + PARITY)

@@ -7,7 +7,6 @@ rajpurkar/squad's own layout (plain_text/{train,validation}-00000-of-00001.parqu
 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1, as a job sources them, and the Hub still serving but never asked: the job
 trains and evaluates on exactly those questions, the check job says ready, and a cache that holds the model but not the
 dataset is refused in one line naming the fix. Every test here needs prefetch's download end to end: all are slow."""
-import gzip
 import hashlib
 import json
 import math
@@ -22,7 +21,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from tests.helpers import DEV_SET, REPO, losses, offline_env, one_error_line, results, run_qa, tiny_bert
+from tests.helpers import DEV_SET, NO_DEV_SET, REPO, losses, offline_env, one_error_line, results, run_qa, tiny_bert
 
 MODEL, DATASET = "google-bert/bert-base-uncased", "rajpurkar/squad"
 REFERENCE = str(REPO / "configs" / "reference.json")
@@ -216,17 +215,11 @@ class Handler(BaseHTTPRequestHandler):
 # ---------------------------------------------------------------------------------------------
 # The repositories, and the cache prefetch makes of them
 
-def dev_questions():
-    """The official dev set's questions in file order, as rajpurkar/squad's rows."""
-    rows = []
-    for article in json.loads(gzip.decompress(DEV_SET.read_bytes()))["data"]:
-        for paragraph in article["paragraphs"]:
-            for qa in paragraph["qas"]:
-                rows.append({"id": qa["id"], "title": article["title"], "context": paragraph["context"],
-                             "question": qa["question"],
-                             "answers": {"text": [a["text"] for a in qa["answers"]],
-                                         "answer_start": [a["answer_start"] for a in qa["answers"]]}})
-    return rows
+def dev_questions(n):
+    """The official dev set's first n questions, in file order, as rajpurkar/squad's rows (the project's reader)."""
+    from qa.data.sources import read_squad
+
+    return read_squad(DEV_SET).dataset.select(range(n)).to_list()
 
 
 def parquet(rows):
@@ -276,9 +269,9 @@ def hub(tmp_path_factory):
     """The Hub, its two repositories, and HF_HOME as prefetch left it (hub.home, hub.prefetched: its process). The
     Hub keeps serving, so that a job that asked it for anything would be seen asking (hub.requests)."""
     if not DEV_SET.exists():
-        pytest.skip(f"the SQuAD v1.1 dev set is not at {DEV_SET} (SQUAD_DEV)")
+        pytest.skip(NO_DEV_SET)
     base = tmp_path_factory.mktemp("hub")
-    questions = dev_questions()[:TRAIN_QUESTIONS + EVAL_QUESTIONS]
+    questions = dev_questions(TRAIN_QUESTIONS + EVAL_QUESTIONS)
     hub = FakeHub([model_repo(base / "tiny-bert"), dataset_repo(questions)])
     hub.questions = questions
     threading.Thread(target=hub.serve_forever, daemon=True).start()

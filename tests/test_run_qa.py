@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from utils_qa import normalize_answer
 from tests.helpers import (REPO, TINY, TORCHRUN, assert_complete_checkpoint, error_lines, go_offline, losses,
                            offline_env, results, run_qa, same_as_predict)
 
@@ -623,14 +624,6 @@ def _v2_articles(offset, n):
     return articles
 
 
-def _normalized(text):
-    """The official SQuAD answer normalization: lower case, no punctuation, no articles, single spaces."""
-    import string
-
-    text = "".join(c for c in text.lower() if c not in set(string.punctuation))
-    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
-
-
 @pytest.mark.slow
 def test_squad_v2_trains_and_evaluates_with_unanswerable_questions(tmp_path, tmp_path_factory, monkeypatch):
     """--version_2_with_negative end to end on an official v2.0 file: training takes the unanswerable questions, and
@@ -652,7 +645,8 @@ def test_squad_v2_trains_and_evaluates_with_unanswerable_questions(tmp_path, tmp
     predictions = json.loads((out / "predictions.json").read_text())
     gold = {qid: answer for _, qas in _v2_articles(3, 6) for qid, _, answer in qas}
     assert sorted(predictions) == sorted(gold)
-    right = {qid: (predictions[qid] == "" if answer is None else _normalized(predictions[qid]) == _normalized(answer))
+    right = {qid: (predictions[qid] == "" if answer is None
+                   else normalize_answer(predictions[qid]) == normalize_answer(answer))
              for qid, answer in gold.items()}
     has, no = [q for q in gold if gold[q] is not None], [q for q in gold if gold[q] is None]
     assert res["eval_NoAns_exact"] == res["eval_NoAns_f1"] == pytest.approx(100 * sum(right[q] for q in no) / 6)
