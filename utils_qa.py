@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from qa.arguments import check_window
-from qa.io import atomic_write_json
+from qa.io import atomic_write_json, optional_output
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +195,12 @@ def collect(ids, outputs, version_2_with_negative, output_dir, prefix):
     """(predictions, nbest, null_odds) keyed by example id, written to output_dir when given."""
     values = [{i: out[j] for i, out in zip(ids, outputs)} for j in range(3 if version_2_with_negative else 2)]
     if output_dir is not None:
-        for name, value in zip(("predictions.json", "nbest_predictions.json", "null_odds.json"), values):
-            atomic_write_json(os.path.join(output_dir, name if prefix is None else f"{prefix}_{name}"), value, indent=4)
+        def path(name):
+            return os.path.join(output_dir, name if prefix is None else f"{prefix}_{name}")
+        atomic_write_json(path("predictions.json"), values[0], indent=4)
+        for name, value in zip(("nbest_predictions.json", "null_odds.json"), values[1:]):  # details, not results
+            with optional_output(output_dir, os.path.basename(path(name))):
+                atomic_write_json(path(name), value, indent=4)
     return values[0], values[1], values[2] if version_2_with_negative else None
 
 

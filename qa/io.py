@@ -1,18 +1,23 @@
 """The project's one reader (gzip by content, UTF-8, every problem a one-line InputError naming the file and the fix)
 and its atomic writes, whose files get the umask's mode (0644 under 022: the group reads results on a shared cluster;
-temporary files and safetensors would be 0600). `writing` is where a full disk or quota becomes one line (DiskFull)."""
+temporary files and safetensors would be 0600). `writing` is where a full disk or quota becomes one line (DiskFull);
+`optional_output` where it costs only an output the run can do without."""
 import contextlib
 import errno
 import gzip
 import json
+import logging
 import os
 import re
 import tempfile
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterator, Optional, Tuple
 
 from qa.errors import EXIT_DISK_FULL, InputError
+
+logger = logging.getLogger(__name__)
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -169,6 +174,21 @@ def writing(folder, what: str, then: str = "", undo=None):
         if undo is not None:
             undo()
         raise DiskFull(folder, what, code, then) from None  # an inner one too: the outer write says more
+
+
+@contextlib.contextmanager
+def optional_output(folder, what: str):
+    """Around a write of what a run can do without (TensorBoard events, profiles, plots, n-best predictions): a full
+    disk or quota there is one warning and the run goes on; the block's `.stopped` tells a writer to write no more."""
+    said = SimpleNamespace(stopped=False)
+    try:
+        yield said
+    except Exception as exc:
+        if (code := disk_full(exc, folder)) is None:
+            raise
+        said.stopped = True
+        logger.warning("%s: %s while writing %s: no more of them in this run, which goes on (free space there for the "
+                       "next run's)", os.fspath(folder), DISK_FULL[code], what)
 
 
 @contextlib.contextmanager

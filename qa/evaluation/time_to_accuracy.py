@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from qa.io import writing
+from qa.io import optional_output
 
 logger = logging.getLogger(__name__)
 TAG = "eval_by_train_seconds"  # TensorBoard: F1 and EM with the training seconds as the step
@@ -122,7 +122,7 @@ class TimeToAccuracyCallback(TrainerCallback):
     def _write_tensorboard(self, state, entry):
         if self.tensorboard_dir is None or not state.is_world_process_zero:
             return
-        with writing(self.tensorboard_dir, "TensorBoard events"):
+        with optional_output(self.tensorboard_dir, "TensorBoard events") as said:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -130,6 +130,8 @@ class TimeToAccuracyCallback(TrainerCallback):
             for name in ("f1", "exact_match"):
                 self._writer.add_scalar(f"{TAG}/{name}", entry[name], global_step=round(entry["train_seconds"]))
             self._writer.flush()
+        if said.stopped:  # no more events, said once
+            self.tensorboard_dir = self._writer = None
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self._training:
@@ -138,7 +140,7 @@ class TimeToAccuracyCallback(TrainerCallback):
         self.train_seconds = time.perf_counter() - self._start - self.evaluation_s
         if self._writer is not None:
             writer, self._writer = self._writer, None
-            with writing(self.tensorboard_dir, "TensorBoard events"):
+            with optional_output(self.tensorboard_dir, "TensorBoard events"):
                 writer.close()
 
     def summary(self) -> dict:

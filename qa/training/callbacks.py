@@ -9,7 +9,7 @@ from qa.arguments import CUDA_GRAPH_MODES
 from qa.console import replace_log_printer
 from qa.distributed import DDPCompressionHook, set_fsdp_reduce_dtype
 from qa.evaluation.time_to_accuracy import TimeToAccuracyCallback
-from qa.io import disk_full, writing
+from qa.io import disk_full, optional_output
 from qa.training.compile import CompileWarmupCallback
 from qa.training.preemption import CheckpointOnSignalCallback
 from qa.training.profiling import ProfilerCallback
@@ -60,17 +60,19 @@ def summary(callbacks) -> dict:
 
 
 def _writing_events(method):
-    """`method` of the Trainer's TensorBoard callback, its writes inside qa.io.writing."""
+    """`method` of the Trainer's TensorBoard callback, until a full disk or quota stops the events (optional_output)."""
     def written(self, args, state, control, **kwargs):
-        with writing(self.logging_dir or args.output_dir, "TensorBoard events"):
-            method(self, args, state, control, **kwargs)
+        if not self.stopped:
+            with optional_output(self.logging_dir or args.output_dir, "TensorBoard events") as said:
+                method(self, args, state, control, **kwargs)
+            self.stopped = said.stopped
     return written
 
 
 class TensorBoardEvents(TensorBoardCallback):
-    """The Trainer's TensorBoard callback, whose writes into a full disk end the run with one line (qa.io.writing), as
-    every record's do: the events are the run's curves (tools/plot_tb.py draws them), and the next checkpoint would
-    fail on the same disk anyway, after more training lost."""
+    """The Trainer's TensorBoard callback, whose writes into a full disk stop the events, not the training: the curves
+    are worth less than the steps a stop would lose since the last checkpoint."""
+    stopped = False
 
     def __init__(self):
         super().__init__()

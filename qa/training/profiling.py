@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from qa.io import atomic_write_json, atomic_write_text, replacing
+from qa.io import atomic_write_json, atomic_write_text, optional_output, replacing
 from qa.training.telemetry import max_rss_gib
 
 logger = logging.getLogger(__name__)
@@ -19,7 +19,7 @@ class ProfilerCallback(TrainerCallback):
         self.dir = Path(output_dir) / PROFILE_DIR
         self.wait, self.warmup, self.active, self.repeat = wait, warmup, active, repeat
         self.with_stack, self.row_limit = with_stack, row_limit
-        self.prof, self._cuda = None, False
+        self.prof, self._cuda, self.stopped = None, False, False  # stopped: by a full disk (qa.io.optional_output)
         self.cycles = []  # [{"cycle": k, "global_steps": [...], "files": [...]}]
         self._recording = []  # global steps recorded in the current cycle
 
@@ -73,6 +73,12 @@ class ProfilerCallback(TrainerCallback):
                 "train_profile_host_waits": self.cycles[0]["host_waits"]}
 
     def _write(self, prof):
+        if not self.stopped:
+            with optional_output(self.dir, "the profile") as said:
+                self._write_files(prof)
+            self.stopped = said.stopped
+
+    def _write_files(self, prof):
         import torch
 
         k = len(self.cycles) + 1
