@@ -15,8 +15,6 @@ SETUP_SCRIPT = "setup_bert.sh"
 
 
 def load_raw_datasets(data_args, splits: Sequence[str] = SPLITS, cache_dir: Optional[str] = None):
-    """A `datasets.DatasetDict` of the requested splits, validated: each from `<split>_file` when set,
-    else from `dataset_name` ("synthetic", or a Hub dataset), then cut to `<split>_articles`."""
     from datasets import DatasetDict
 
     hub, out = None, {}
@@ -82,7 +80,6 @@ def read_squad(path, version_2_with_negative: Optional[bool] = None, require_ans
 
 
 def select_articles(dataset, spec: str, option: str = "--train_articles", source: str = "the data"):
-    """Keep the articles `spec` ("START:STOP") selects, grouped by title in order of appearance."""
     titles = dataset["title"][:]
     order = list(dict.fromkeys(titles))
     if not (chosen := set(order[parse_slice(spec, option)])):
@@ -92,7 +89,6 @@ def select_articles(dataset, spec: str, option: str = "--train_articles", source
 
 
 def parse_slice(spec: str, option: str = "--train_articles") -> slice:
-    """Parse "START:STOP" (either side may be empty, a negative one counts from the end)."""
     if not (match := re.fullmatch(r"\s*([+-]?\d+)?\s*:\s*([+-]?\d+)?\s*", str(spec))):
         raise InputError(f"{option} {spec!r}", "is not a slice START:STOP", "give e.g. '0:40' (the first 40 "
                          "articles), '40:' (all from the 41st) or ':-8' (all but the last 8)")
