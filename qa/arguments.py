@@ -86,13 +86,18 @@ class Folder:
         if os.path.exists(path):
             if not os.path.isdir(path):
                 return "is a file, not a folder"
-            return "is not writable by this user" if self.writable and not os.access(path, os.W_OK | os.X_OK) else None
+            return self.writable and _unwritable(path) or None
         parent = os.path.dirname(os.path.abspath(path))
         while not os.path.exists(parent):
             parent = os.path.dirname(parent)
-        why = None if os.access(parent, os.W_OK | os.X_OK) else "is not writable by this user"
-        why = why if os.path.isdir(parent) else "is a file"
+        why = _unwritable(parent) if os.path.isdir(parent) else "is a file"
         return why and f"cannot be created: {parent} {why}"
+
+
+def _unwritable(folder: str) -> str | None:
+    if os.access(folder, os.W_OK | os.X_OK):
+        return None
+    return "is on a read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else "is not writable by this user"
 
 
 def _given(check, *args):
@@ -297,12 +302,21 @@ def check_together(values: dict, off=()) -> list:
         if values.get("eval_every") is not None and values["do_train"] and not evaluates:
             raise InputError(f"eval_every={values['eval_every']:g}", "evaluates during training, on the validation "
                              "split", "pass --do_eval with it, or leave --eval_every out")
+    check_test_file(values)
     if values.get("torch_compile") and (mode := values.get("torch_compile_mode")) in CUDA_GRAPH_MODES:
         check_cuda_graphs(f"torch_compile_mode={mode}", values)
     idle = {**IDLE_WITHOUT, **{name: (needed, f"unused: {RULES[name].means}") for name, needed in NEEDS.items()
                                if needed in off}}
     return [f"--{name} {_plain(values[name])}: {why} (--{needed} is off)" for name, (needed, why) in idle.items()
             if values.get(name) not in (None, False, "auto") and not values.get(needed)]
+
+
+def check_test_file(values: dict) -> None:
+    """On file data the test split has no file of its own but the Hub's dataset, which the user did not mean."""
+    if values.get("do_predict") and not values.get("test_file") and (values.get("train_file") or
+                                                                      values.get("validation_file")):
+        raise InputError("do_predict", "predicts the questions of --test_file, which is not given (the other splits "
+                         "are files)", "pass --test_file FILE, or leave --do_predict out")
 
 
 def check_cuda_graphs(setting: str, values: dict) -> None:
@@ -382,7 +396,28 @@ def asks_check(argv) -> bool:
         flags = expand(argv)[1]
     except InputError:
         return False
-    return str(last_value(flags, "check", "false")).lower() in ("true", "yes", "y", "t", "1")
+    return _true(last_value(flags, "check", "false"))
+
+
+def _true(flag) -> bool:
+    return str(flag).lower() in ("true", "yes", "y", "t", "1")
+
+
+PATHS = ("output_dir", "model_name_or_path", "tokenizer_name", "cache_dir", "compile_cache_dir", "features_cache_dir",
+         "train_file", "validation_file", "test_file", "resume")
+
+
+def check_before_loading(argv) -> None:
+    """The config, the paths and the test file, by the rules parse_args applies again, but before torch and
+    transformers load (seconds idle, a minute on a busy login node): a mistake there is one line at once. A check job
+    (--check) says them in its verdict."""
+    if not asks_check(argv):
+        flags = expand(argv)[1]
+        values = {name: None if (value := last_value(flags, name)) in (None, "none") else value for name in PATHS}
+        for name in PATHS:
+            if values[name] is not None:
+                RULES[name](name, values[name], values)
+        check_test_file({**values, "do_predict": _true(last_value(flags, "do_predict"))})
 
 
 @command

@@ -145,6 +145,58 @@ def test_output_dir_that_cannot_be_created(offline, capsys):
     assert sorted(p.name for p in offline.iterdir()) == ["results.txt"]
 
 
+def test_a_folder_the_system_will_not_make_is_one_line_before_anything_loads(offline, capsys):
+    """/proc passes access() as root but makes no folder: the run lock's mkdir says it, before the model or data."""
+    from run_qa import main
+
+    assert main(BASE + ["--output_dir", "/proc/no-such-process/runs/one"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: /proc/no-such-process/runs/one: cannot be created or written (No such file or directory: "
+                   "/proc/no-such-process). Fix: give a folder this user can create and write to"], err
+
+
+def test_a_folder_on_a_read_only_file_system_is_named_so(tmp_path):
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"mounting a tmpfs is not allowed here (needs root): {done.stderr.decode().strip()}")
+    try:
+        assert Folder("", "").problem(str(mount / "out")) == f"cannot be created: {mount} is on a read-only file system"
+        assert Folder("", "").problem(str(mount)) == "is on a read-only file system"
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+EARLY = ("import atexit, runpy, sys; atexit.register(lambda: print(sorted({'torch', 'transformers'} & set(sys.modules)),"
+         " file=sys.stderr)); sys.argv = sys.argv[1:]; ")
+
+
+@pytest.mark.parametrize("how", ["run_qa.py", "bert-squad-run"])
+@pytest.mark.parametrize("args, said", [
+    (["no-such-config.json"], "error: no-such-config.json: config file not found. Fix: check the path (configs/ "
+                              "lists the shipped ones)"),
+    (["configs/smoke_tiny.json", "--train_file", "no-such.json"], "error: no-such.json: file not found. Fix:"),
+    (["configs/smoke_tiny.json", "--output_dir", "/etc/passwd/runs"], "error: output_dir=/etc/passwd/runs: cannot be "
+                                                                      "created: /etc/passwd is a file"),
+    (["configs/smoke_tiny.json", "--do_predict", "--validation_file", "dev.json.gz"], (
+        "error: do_predict: predicts the questions of --test_file, which is not given (the other splits are files). "
+        "Fix: pass --test_file FILE, or leave --do_predict out")),
+], ids=["config", "data file", "output folder", "test file"])
+def test_paths_are_refused_before_torch_and_transformers_load(args, said, how, tmp_path):
+    """As a command (python run_qa.py, torchrun, the bert-squad-run entry point): imported, as by a test, it waits."""
+    (tmp_path / "dev.json.gz").touch()
+    start = ("runpy.run_path(sys.argv[0], run_name='__main__')" if how == "run_qa.py" else
+             "sys.path.insert(0, sys.argv[0]); sys.argv[0] = 'bert-squad-run'; "
+             "from run_qa import cli; cli()")
+    command = [sys.executable, "-c", EARLY + start, str(REPO / "run_qa.py") if how == "run_qa.py" else str(REPO), *args]
+    proc = subprocess.run([a.replace("configs/", f"{REPO}/configs/") for a in command], cwd=tmp_path,
+                          env=offline_env(tmp_path / "hf"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[0].startswith(said) and proc.stderr.count("error:") == 1, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "[]", proc.stderr  # neither library was imported
+
+
 def test_read_only_output_dir():
     """A folder this user cannot write into, as root too (then checked as nobody); a writable one beside it passes."""
     base = Path(tempfile.mkdtemp())  # not tmp_path: pytest keeps that root's alone (0700), nobody could not reach in

@@ -65,12 +65,17 @@ class RunLock:
         self._text = json.dumps(me)
         while True:
             # A lock cut short by a full disk would hold the folder for STALE_AFTER_SECONDS: it goes, with its folders
-            with contextlib.suppress(FileExistsError), writing(self.output_dir, LOCK_NAME, undo=self._remove):
-                folder.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "x") as f:  # only if there is none: atomic
-                    self._ours = True
-                    f.write(self._text)
-                break
+            try:
+                with contextlib.suppress(FileExistsError), writing(self.output_dir, LOCK_NAME, undo=self._remove):
+                    folder.mkdir(parents=True, exist_ok=True)
+                    with open(self.path, "x") as f:  # only if there is none: atomic
+                        self._ours = True
+                        f.write(self._text)
+                    break
+            except OSError as err:  # what access() could not foresee (qa.arguments.Folder): /proc, a network mount
+                self._remove()
+                raise InputError(self.output_dir, f"cannot be created or written ({err.strerror}: {err.filename})",
+                                 "give a folder this user can create and write to") from None
             seen, holder, age = self._read()  # so the folder existed: nothing to remove on refusal
             if seen is None:  # given back meanwhile
                 continue
