@@ -25,6 +25,7 @@ from qa.results.records import environment_record
 from qa.results.wall_clock import PHASES
 from qa.training.preemption import Interrupted, interrupted_by_sigterm
 from qa.training.telemetry import autocast_precision, gib
+from studies.submit import asked, offered, partition_nodes, spelled, unmet
 
 WARM_STEPS, TIMED_STEPS = 5, 20  # steps that compile and warm up, then the steps whose time is extrapolated
 # --time: the prediction, 30% more, 2 minutes for the job's own start (environment, srun, torchrun), in 5 minutes
@@ -36,6 +37,7 @@ class Report:
     def __init__(self, main: bool):
         self.main, self.lines, self.measured, self.predicted, self.problem = main, [], {}, {}, None
         self.writable = True  # the output folder, for check.md and check.json
+        self.caveat = None  # what a ready verdict adds: the sbatch options the job scripts' defaults need here
 
     def line(self, name: str, text: str, problem: InputError | None = None) -> None:
         self.lines.append({"check": name, "ok": problem is None, "text": text,
@@ -45,14 +47,16 @@ class Report:
             print(f"check {name}: {text}" + (" -> not ready (below)" if problem else ""), flush=True)
 
 
-def verdict(problem: InputError | None) -> str:
-    return "ready" if problem is None else f"not ready: {problem.where}: {problem.problem} - {problem.fix}"
+def verdict(problem: InputError | None, caveat: str | None = None) -> str:
+    if problem is None:
+        return f"ready, {caveat}" if caveat else "ready"
+    return f"not ready: {problem.where}: {problem.problem} - {problem.fix}"
 
 
-def say_verdict(problem: InputError | None, main: bool = True) -> None:
+def say_verdict(problem: InputError | None, main: bool = True, caveat: str | None = None) -> None:
     """The check's last line; a not-ready one is its reason's only line (no error line after it, qa.errors.command)."""
     if main:
-        print(verdict(problem), flush=True)
+        print(verdict(problem, caveat), flush=True)
     if problem is not None:
         problem.said = True
 
@@ -75,7 +79,7 @@ def check_job(parsed, stages) -> int:
             "time limit, or a preemption)", "submit it again with a longer --time (a check job is not requeued: it "
             "would start over)"))
     write(report, args.output_dir, env)
-    say_verdict(report.problem, report.main)
+    say_verdict(report.problem, report.main, report.caveat)
     if not stopped:  # stopped: where each rank was is unknown, a barrier could wait for one that left
         close_process_group()  # every rank leaves once rank 0 has written the check
     if report.problem is not None:
@@ -87,6 +91,7 @@ def check_job(parsed, stages) -> int:
 def checks(report, env, run_args, args, stages) -> None:
     """The checks in their order; after a problem, none that needs what failed."""
     versions_and_devices(report, env, args, run_args)
+    partition_request(report)
     if report.problem is not None:
         return
     resume, run_args.resume = run_args.resume, None  # the output folder is the job's: nothing there is resumed or moved
@@ -147,6 +152,34 @@ def versions_and_devices(report, env, args, run_args) -> None:
         failing = next((r for r in ranks if r["problem"]), None)
         report.line("world", f"{len(ranks)} ranks on {len(hosts)} node(s) ({where}), backend "
                              f"{torch.distributed.get_backend()}", failing and failing["problem"])
+
+
+def partition_request(report) -> None:
+    """In a SLURM job, where SLURM answers: the job scripts' default request (#SBATCH -c, --mem, --gres) against the
+    nodes of this job's partition. This job runs, so its own request fits; a default that does not would pend forever
+    (PartitionConfig) or be refused, so a ready verdict names it and the sbatch options that fit."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return
+
+    def compare():
+        found = partition_nodes(os.environ.get("SLURM_JOB_PARTITION"))
+        requests = {script: asked(script) for script in ("job_ft3.sh", "job_ddp.sh")}
+        return found and (found[0], offered(found[1]), {
+            script: (spelled(request), unmet(request, found[1])) for script, request in requests.items()})
+
+    found = on_main_rank(compare)
+    if not found:
+        return
+    partition, offer, defaults = found
+    short = {script: gap for script, (_, gap) in defaults.items() if gap}
+    report.line("request", f"partition {partition}: {offer}; " + "; ".join(
+        f"{script} asks {request}" + (" (more than that)" if script in short else "")
+        for script, (request, _) in defaults.items()))
+    if short:
+        report.caveat = (f"with {', '.join(dict.fromkeys(fits for _, fits in short.values()))} on every sbatch: "
+                         + " and ".join(f"{script}'s {asks}" for script, (asks, _) in short.items())
+                         + f" (their #SBATCH defaults) cannot be met on partition {partition} ({offer}): such a job "
+                           "pends forever (PartitionConfig)")
 
 
 def granted_gpus() -> str | None:
@@ -356,7 +389,7 @@ def slurm_time(seconds: int) -> str:
 def write(report, output_dir, env) -> None:
     if not (report.main and report.writable):
         return
-    record = {"verdict": verdict(report.problem), "ready": report.problem is None,
+    record = {"verdict": verdict(report.problem, report.caveat), "ready": report.problem is None,
               "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": env["host"],
               "command": env["command"], "checks": report.lines,
               "measured": {k: round(v, 4) if isinstance(v, float) else v for k, v in report.measured.items()},

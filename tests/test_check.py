@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from check_qa import acts, slurm_time
+from check_qa import acts, slurm_time, verdict
 from qa.results.wall_clock import PHASES
 from tests.helpers import OLDEST_PYTHON, REPO, SMOKE_TINY, go_offline, needs_oldest, offline_env, run_qa, wait_until
 
@@ -71,6 +71,23 @@ def test_the_jobs_steps_are_the_trainers_own_on_both_ends_of_the_range(python):
     assert done.returncode == 0, done.stderr[-3000:]
     # 13 batches of 4 in 5 steps of 3 an epoch, 2.5 epochs; max_steps wins; one step an epoch at least; 0.3 epochs
     assert json.loads(done.stdout.splitlines()[-1]) == [[13, 5], [7, 5], [1, 1], [4, 13]]
+
+
+@pytest.mark.parametrize("options, short", [
+    ([], ("-c 32 --mem=64G", "-c 16 --mem=62G")),                       # the roomiest node's, not another's
+    (["-c", "8", "--mem=6G"], None),
+    (["-c", "8", "--mem-per-cpu=16G"], ("--mem-per-cpu=16G", "--mem=62G")),
+    (["-c", "4", "--mem=6G", "--gres=gpu:a100:4"], ("--gres=gpu:a100:4", "--gres=gpu:a100:1")),
+    (["-c", "4", "--mem=6G", "--gres=gpu:h100:1"], ("--gres=gpu:h100:1", "--gres=gpu:a100:1")),
+])
+def test_a_request_no_node_can_meet_is_named_with_the_options_that_fit(options, short):
+    """job_ft3.sh's #SBATCH lines, then the options, against nodes of 4 CPUs, 8 GB and 2 A100s and of 16 CPUs, 63.5 GB
+    and one A100; a ready verdict says it."""
+    from studies.submit import asked, unmet
+
+    nodes = [(4, 8000, {"a100": 2}), (16, 63500, {"a100": 1})]
+    assert unmet(asked("job_ft3.sh", options), nodes) == short
+    assert verdict(None, "with -c 2 on every sbatch: ...") == "ready, with -c 2 on every sbatch: ..."
 
 
 def test_the_time_to_ask_for_is_slurms_format():
