@@ -21,8 +21,11 @@
 #
 # Runs jobs/launch.sh over every node of the job. Every #SBATCH line is a default that an sbatch
 # option overrides; keep --ntasks-per-node=1 (torchrun starts the per-GPU processes); -c and --mem
-# are per node. Arguments, variables (REPO_DIR, STRATEGY, NPROC_PER_NODE, NCCL_*, ...), failures
-# and the time limit: docs/slurm.md.
+# are per node, and nodes with fewer leave the job pending forever (PartitionConfig): pass theirs,
+# e.g. sbatch -c 2 --mem=6G (sinfo -p PARTITION -o '%c %m'; --check says what fits). Jobs source
+# ENV_FILE [$STORE/venvs/bert-squad.env.sh]: after a VENV_DIR=.venv setup, export
+# ENV_FILE=$REPO_DIR/.venv.env.sh. Arguments, variables (REPO_DIR, STRATEGY, NPROC_PER_NODE, NCCL_*,
+# ...), failures and the time limit: docs/slurm.md.
 
 # sbatch runs a copy of this file from its spool folder, so the repository is named, not derived.
 REPO_DIR=${REPO_DIR:-${SLURM_SUBMIT_DIR:-$(dirname "$0")}}
