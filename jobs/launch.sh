@@ -15,9 +15,10 @@
 #      on the first node), in the background while the shell waits;
 #   4. USR1 (`--signal=B:USR1@T`) or TERM: SIGTERM to every process of the job's steps, which save
 #      a checkpoint and stop; the job requeues itself (a check job never: it would start over and meet
-#      the same limit, so it stops not ready and says so); each run of the job appends its wall-clock
-#      time and outcome to OUTPUT/job_time.jsonl: the status rank 0's run_qa.py wrote into
-#      QA_OUTCOME_FILE, as torchrun ends with 1 whatever its workers' statuses.
+#      the same limit, so it stops not ready and says so); each run of the job writes its wall-clock
+#      time and outcome to OUTPUT/job_time.jsonl, at a SIGTERM already (SLURM may kill it before its
+#      end): the status rank 0's run_qa.py wrote into QA_OUTCOME_FILE, as torchrun ends with 1
+#      whatever its workers' statuses.
 # Every variable it reads (and its default) is documented in one place: docs/slurm.md.
 set -uo pipefail
 
@@ -26,6 +27,7 @@ JL_T0=$(date +%s)
 JL_START_UTC=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 JL_SIGNALED=""   # USR1 or TERM once the batch shell got one
 JL_CHILD=""      # pid of srun
+JL_RECORDED=""   # 1 once this run's line in job_time.jsonl is its last
 JL_NAME=${JL_NAME:-job}
 # From the start: a USR1 before training starts must not kill the batch shell (its default action).
 trap 'jl_on_signal USR1' USR1
@@ -189,11 +191,13 @@ jl_launch() {
   # Where rank 0 says how it ended (qa/errors.py): in the job's folder, which every node sees, one per run
   export QA_OUTCOME_FILE=$PWD/.outcome-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}.json
   rm -f "$QA_OUTCOME_FILE"
+  # torchrun as jobs/torchrun.py starts it: a refusal, a check not ready or a requeue leaves the run's own line
+  # in the .err file, not torchrun's traceback of a worker's non-zero exit or of its SIGTERM
   local entry=("$REPO_DIR/run_qa.py")
   [[ -z ${RUN_QA:-} ]] || read -r -a entry <<<"$RUN_QA"
   jl_run srun --kill-on-bad-exit=1 --nodes="$NNODES" --ntasks-per-node=1 --ntasks="$NNODES" \
     ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} \
-    torchrun --nnodes="$NNODES" --nproc_per_node="$NPROC" \
+    python "$REPO_DIR/jobs/torchrun.py" --nnodes="$NNODES" --nproc_per_node="$NPROC" \
     --rdzv_backend=c10d --rdzv_endpoint="$addr:$port" --rdzv_id="$SLURM_JOB_ID" \
     --max_restarts=0 --shutdown_timeout="${SHUTDOWN_TIMEOUT:-120}" --tee=3 \
     --log_dir="$JL_TORCHRUN_LOGS" \
@@ -218,22 +222,51 @@ jl_log_environment() {
   for line in "${JL_NOTES[@]}"; do jl_log "$line"; done
 }
 
-# Appends one line per run of the job (a requeued job has several) to OUTPUT/job_time.jsonl; a check job
-# (--check) leaves no record of a run there, only its check.md and check.json.
-jl_record_time() {
-  local rc=$1 outcome=$2 t1 dir
+# One line per run of the job (a requeued job has several) in OUTPUT/job_time.jsonl, written when the run ends, and
+# already at a SIGTERM (jl_record_cut): SLURM kills a job KillWait seconds after the SIGTERM of a requeue, a
+# preemption, a cancel or the time limit, often before it ends, and the part it ran must count all the same. A check
+# job (--check) leaves no record of a run there, only its check.md and check.json.
+jl_record_time() {  # RC OUTCOME [REASON as JSON: the line written at a SIGTERM, which the run's end replaces]
+  local rc=$1 outcome=$2 cut=${3:-} t1 dir
   t1=$(date +%s)
   if [[ ${JL_CHECK:-false} == true ]]; then
     jl_log "check job wall clock $((t1 - JL_T0)) s, exit code $rc (0: ready, 2: not ready); the check: $OUTPUT/check.md"
     return
   fi
+  # the run's end: from here a SIGTERM (the one `scontrol requeue` sends too) leaves its line as it is
+  [[ -n $cut ]] || JL_RECORDED=1
   dir=${OUTPUT:-.}
   mkdir -p "$dir" 2>/dev/null || dir=.
-  printf '{"job_id": "%s", "job_name": "%s", "script": "%s", "restart": %s, "nodes": "%s", "world_size": %s, "start_utc": "%s", "end_utc": "%s", "seconds": %s, "exit_code": %s, "outcome": "%s", "reason": %s, "array_job_id": "%s", "array_task_id": "%s"}\n' \
+  jl_write_record "$dir/job_time.jsonl" "$(printf '{"job_id": "%s", "job_name": "%s", "script": "%s", "restart": %s, "nodes": "%s", "world_size": %s, "start_utc": "%s", "end_utc": "%s", "seconds": %s, "exit_code": %s, "outcome": "%s", "reason": %s, "array_job_id": "%s", "array_task_id": "%s"}' \
     "${SLURM_JOB_ID:-}" "${SLURM_JOB_NAME:-}" "$JL_NAME" "${SLURM_RESTART_COUNT:-0}" "${SLURM_JOB_NODELIST:-$(hostname)}" \
     "${JL_WORLD:-1}" "$JL_START_UTC" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$((t1 - JL_T0))" "$rc" "$outcome" \
-    "${JL_REASON:-null}" "${SLURM_ARRAY_JOB_ID:-}" "${SLURM_ARRAY_TASK_ID:-}" >>"$dir/job_time.jsonl"
-  jl_log "job wall clock $((t1 - JL_T0)) s, exit code $rc, $outcome (recorded in $dir/job_time.jsonl)"
+    "${cut:-${JL_REASON:-null}}" "${SLURM_ARRAY_JOB_ID:-}" "${SLURM_ARRAY_TASK_ID:-}")"
+  if [[ -n $cut ]]; then
+    jl_log "job wall clock $((t1 - JL_T0)) s up to the SIGTERM, recorded as $outcome in $dir/job_time.jsonl (the run's end replaces it)"
+  else
+    jl_log "job wall clock $((t1 - JL_T0)) s, exit code $rc, $outcome (recorded in $dir/job_time.jsonl)"
+  fi
+}
+
+# This run's line (the same job, script and restart) replaces the one it wrote before, else is appended, in one
+# rename; under a lock on the folder where the file system has locks, as a job refused from it writes there too.
+jl_write_record() {  # FILE LINE
+  local file=$1 line=$2 key=${2%%\"nodes\"*}
+  {
+    flock -w 10 9 2>/dev/null
+    { grep -vF "$key" "$file" 2>/dev/null; printf '%s\n' "$line"; } >"$file.$$.tmp" && mv -f "$file.$$.tmp" "$file"
+  } 9<"$(dirname "$file")"
+}
+
+# At a SIGTERM the run's line says the seconds so far: a run killed before its end is counted up to the signal,
+# where SLURM ends that part too (its EndTime, sacct's Elapsed). `requeued` where SLURM has counted a restart already
+# (scontrol requeue, a preemption that requeues), else `interrupted`.
+jl_record_cut() {
+  [[ -n ${OUTPUT:-} && -z $JL_RECORDED && ${JL_CHECK:-false} != true ]] || return 0
+  local restarts outcome=interrupted
+  restarts=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
+  ((${restarts:-0} > ${SLURM_RESTART_COUNT:-0})) && outcome=requeued
+  jl_record_time 143 "$outcome" '"SIGTERM from SLURM, then killed before the run ended: counted up to the SIGTERM"'
 }
 
 # The batch shell runs a trap only between commands, so the work runs in the background and the
@@ -241,12 +274,19 @@ jl_record_time() {
 # at once. SIGTERM goes to every process of the job's steps (torchrun and its workers on each
 # node), not to this batch shell; torchrun forwards it too and waits SHUTDOWN_TIMEOUT for them.
 jl_on_signal() {
-  [[ -n $JL_SIGNALED ]] && { jl_log "SIG$1 again: already stopping"; return; }
+  if [[ -n $JL_SIGNALED ]]; then
+    jl_log "SIG$1 again: already stopping"
+    [[ $1 == USR1 ]] || jl_record_cut
+    return
+  fi
   JL_SIGNALED=$1
   if [[ ${JL_CHECK:-false} == true ]]; then jl_log "SIG$1 received: stopping the check, which reports it"
   else jl_log "SIG$1 received: asking training to save a checkpoint and stop"; fi
+  [[ $1 == USR1 ]] || jl_record_cut  # first: SLURM kills the job KillWait seconds after a SIGTERM of its own
   if [[ -n $JL_CHILD ]]; then
-    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || kill -TERM "$JL_CHILD" 2>/dev/null
+    # SLURM's own SIGTERM (a requeue, a cancel, the time limit) reached the steps already, and scancel then waits
+    # for the job to end: bounded, so that the batch shell goes back to waiting for its run
+    timeout 5 scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || kill -TERM "$JL_CHILD" 2>/dev/null
   fi
 }
 

@@ -93,7 +93,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 # Preemption/requeue: batch jobs requeue; SIGTERM->SIGKILL grace; finished jobs purged soon.
 JobRequeue=1
-KillWait=10
+KillWait=5
 MinJobAge=60
 SchedulerType=sched/backfill
 # Schedule every 2 s, not 30-60 s: a requeued job waits for a pass after its BeginTime.
