@@ -134,8 +134,6 @@ class TimeToAccuracyCallback(TrainerCallback):
             self.tensorboard_dir = self._writer = None
 
     def on_train_end(self, args, state, control, **kwargs):
-        if not self._training:
-            return
         self._training = False
         self.train_seconds = time.perf_counter() - self._start - self.evaluation_s
         if self._writer is not None:

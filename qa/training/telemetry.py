@@ -231,8 +231,6 @@ class TelemetryCallback(TrainerCallback):
                             data_s=c["data_s"], peak_flops_per_s=self.peak, world_size=self.world_size)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self._hook is None:
-            return
         if self.timed.get("open") and state.global_step >= self.timed_steps[1]:
             self._timed_window(state.global_step, closing=True)  # stopped before its least duration
         self._hook.remove()
