@@ -88,7 +88,6 @@ def _sdpa_mask_always(*args, **kwargs):
 
 
 def keep_mask_when_compiled(model) -> None:
-    """A model on sdpa switched to the same attention with its mask always built; eager, flash, flex: left alone."""
     if model.config._attn_implementation == "sdpa":
         AttentionInterface.register(SDPA_WITH_MASK, AttentionInterface()["sdpa"])
         AttentionMaskInterface.register(SDPA_WITH_MASK, _sdpa_mask_always)
@@ -234,8 +233,7 @@ def training_shapes(trainer) -> list:
 
 
 class CompileWarmupCallback(TrainerCallback):
-    """Before step 1, `passes` of every batch shape training will produce (gradients cleared, RNGs kept); `bind`
-    first."""
+    """Before step 1, `passes` of every batch shape training will produce (gradients cleared, RNGs kept)."""
 
     def __init__(self, passes: int = 1):
         self.trainer, self.record, self.passes = None, {}, passes
@@ -256,11 +254,10 @@ class CompileWarmupCallback(TrainerCallback):
         compiled = compile_stats(since=before)
         self.record = {"compile_warmup_shapes": [[len(rows), width] for width, rows in shapes],
                        "compile_warmup_s": round(seconds, 3),
-                       "compile_warmup_compiles": compiled.get("compiles"),
-                       **{f"compile_warmup_{k}": round(compiled[k], 3) for k in ("tracing_s", "compiling_s")},
-                       "compile_warmup_recompiles": compiled.get("recompiles")}
+                       **{f"compile_warmup_{k}": compiled[k] for k in ("compiles", "recompiles")},
+                       **{f"compile_warmup_{k}": round(compiled[k], 3) for k in ("tracing_s", "compiling_s")}}
         logger.info("compile warm-up: %d batch shapes (batch x width) in %.1f s, %s compilations", len(shapes),
-                    seconds, compiled.get("compiles"))
+                    seconds, compiled["compiles"])
 
     def summary(self) -> dict:  # for train_results.json
         return dict(self.record)
