@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from qa.errors import InputError
-from qa.data.synthetic import SYNTHETIC_SEED_OFFSET, synthetic_squad
+from qa.data.synthetic import synthetic_squad
 from qa.data.table import read_table, squad_features, table_from_columns, table_from_nested, validate
 
 SPLITS = ("train", "validation", "test")
@@ -98,8 +98,7 @@ def parse_slice(spec: str, option: str = "--train_articles") -> slice:
 def _load_synthetic(data_args, split: str):
     n = data_args.synthetic_train_examples if split == "train" else data_args.synthetic_eval_examples
     squad = synthetic_squad(split, n, data_args.synthetic_seed, data_args.version_2_with_negative)
-    seed = data_args.synthetic_seed + SYNTHETIC_SEED_OFFSET[split]
-    table = table_from_nested(squad["data"], f"synthetic {split} data (seed {seed})", True)
+    table = table_from_nested(squad["data"], f"--synthetic_seed {data_args.synthetic_seed}, {split} split", True)
     validate(table, data_args.version_2_with_negative)
     return table.to_dataset()
 
