@@ -62,8 +62,7 @@ def check_model_source(name: str) -> None:
                          "pass a folder with config.json and weights, a Hub id, or bundled:minilm")
 
 
-def resolve_model_path(name: str, work_dir: Path) -> str:
-    check_model_source(name)
+def resolve_model_path(name: str, work_dir: Path) -> str:  # checked by qa.arguments (check_model_source)
     if name == "bundled:minilm":
         return str(bundled_minilm_dir())
     if name == "bundled:tiny-bert":
