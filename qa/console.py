@@ -3,7 +3,6 @@ would keep tqdm's redraws as hundreds of half-lines, and the Trainer's printer w
 import contextlib
 import json
 import logging
-import math
 import sys
 
 import torch
@@ -58,7 +57,7 @@ def held_back(name: str):
 def format_log(logs: dict, step=None) -> str:
     """A Trainer log entry as one JSON line, numbers as numbers (4 significant digits)."""
     entry = {} if step is None else {"step": step}
-    entry.update((k, float(f"{v:.4g}") if isinstance(v, float) and math.isfinite(v) else v)
+    entry.update((k, float(f"{v:.4g}") if isinstance(v, float) else v)
                  for k, v in logs.items() if k != "total_flos")
     return json.dumps(entry, default=str)
 
