@@ -1,6 +1,6 @@
-"""The `score` command (installed as bert-squad-score; `python utils_qa.py score` hands over to it): SQuAD
-predictions scored by utils_qa's metric, with the checks and notes of a command run by hand (docs/running.md,
-"Scoring a predictions file"). Beside answer_qa.py, not in utils_qa.py: a training run never parses it."""
+"""The scoring command, bert-squad-score (or `python score_qa.py`): SQuAD predictions scored by utils_qa's metric, with
+the checks and notes of a command run by hand (docs/running.md, "Scoring a predictions file"). Beside answer_qa.py,
+not in utils_qa.py: a training run never parses it, and utils_qa imports nothing from here."""
 import argparse
 import json
 import sys
@@ -19,11 +19,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser():
-    top = _Parser(prog="python utils_qa.py", description="SQuAD's utilities as commands.")
-    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    parser = commands.add_parser("score", help="score predictions as the official SQuAD scripts do",
-                                 description="Score SQuAD predictions as the official v1.1 / v2.0 evaluation "
-                                             "scripts do (the version is the dataset's).")
+    parser = _Parser(prog="bert-squad-score", description="Score SQuAD predictions as the official v1.1 / v2.0 "
+                                                          "evaluation scripts do (the version is the dataset's).")
     parser.add_argument("dataset_file", help="official SQuAD dataset JSON (plain or .gz)")
     parser.add_argument("predictions_file", help="JSON object: question id -> answer text")
     parser.add_argument("--na-prob-file", "-n", default=None,
@@ -33,7 +30,7 @@ def _parser():
     parser.add_argument("--only_predicted", "--only-predicted", action="store_true",
                         help="score only the questions that have a prediction (by default a question without "
                              "one scores 0 and counts in every total)")
-    return top
+    return parser
 
 
 def _json_type(value) -> str:
@@ -125,11 +122,13 @@ def _score_files(args) -> str:
 
 @command
 def main(argv=None) -> int:
-    """`score`: prints the scores; 0, or 2 after a one-line `error: ...` on stderr for bad input."""
+    """bert-squad-score DATASET_FILE PREDICTIONS_FILE ...: prints the scores; 0, or 2 after a one-line `error: ...` on
+    stderr for bad input."""
     print(_score_files(_parser().parse_args(argv)))  # --help: SystemExit(0), which `command` returns as 0
     return 0
 
 
-def score(argv=None) -> int:
-    """bert-squad-score DATASET_FILE PREDICTIONS_FILE ...: `python utils_qa.py score` by its installed name."""
-    return main(["score", *(sys.argv[1:] if argv is None else argv)])
+score = main  # the installed command's entry point (pyproject.toml)
+
+if __name__ == "__main__":
+    sys.exit(main())

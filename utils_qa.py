@@ -462,8 +462,3 @@ def scores_from_examples(examples, predictions, version_2_with_negative: bool, n
         return _v2_scores(questions, predictions, na_probs, na_prob_thresh)
     return _v1_scores(questions, predictions)
 
-
-if __name__ == "__main__":  # `python utils_qa.py score ...` (docs/running.md): run as a script, never on import
-    from score_qa import main
-
-    raise SystemExit(main())

@@ -5,7 +5,7 @@ included); the study's model (scaling/) and the tools may use qa, never the reve
 (SQuAD's pre- and post-processing and metric) sits between: it uses qa's readers and checks, and
 the entry points (run_qa.py, trainer_qa.py, answer_qa.py, score_qa.py) use it. No import goes round in
 a cycle. A script's `if __name__ == "__main__":` block is left out: it runs as the module __main__,
-never when the module is imported (utils_qa.py's hands `python utils_qa.py score` to score_qa.py)."""
+never when the module is imported; utils_qa.py imports no entry point even there."""
 import ast
 
 from tests.helpers import REPO
@@ -78,6 +78,11 @@ def test_utils_qa_sits_between_qa_and_the_entry_points():
     graph = _graph()
     assert {m.split(".")[0] for m in graph["utils_qa"]} <= {"qa"}, graph["utils_qa"]
     assert {m for m in graph if "utils_qa" in graph[m]} == {"run_qa", "trainer_qa", "answer_qa", "score_qa"}
+    # Its script block too: scoring is score_qa.py's (bert-squad-score), which imports utils_qa, never the reverse
+    tree = ast.parse((REPO / "utils_qa.py").read_text())
+    imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {m for m in imported if m and m.split(".")[0] in {p.stem for p in REPO.glob("*.py")}}, imported
 
 
 def test_the_import_graph_has_no_cycle():

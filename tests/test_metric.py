@@ -238,7 +238,23 @@ def run_cli(capsys, *argv):
 
 def test_cli_help_exits_0(capsys):
     code, out, _ = run_cli(capsys, "--help")
-    assert code == 0 and out.startswith("usage: python utils_qa.py score ") and "dataset_file" in out
+    assert code == 0 and out.startswith("usage: bert-squad-score ") and "dataset_file" in out
+
+
+def test_score_qa_runs_as_a_script(tmp_path):
+    """`python score_qa.py DATASET PREDICTIONS`, the command without its installed name; utils_qa.py is no command."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    data = write_json(tmp_path / "dev.json", {"version": "1.1", "data": V1_DATA})
+    preds = write_json(tmp_path / "preds.json", V1_PREDS)
+    done = subprocess.run([sys.executable, str(REPO / "score_qa.py"), data, preds], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == json.dumps(squad_v1_scores(V1_DATA, V1_PREDS)) + "\n", done
+    bad = subprocess.run([sys.executable, str(REPO / "score_qa.py"), data], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: command line: the following arguments are required: "
+                                                         "predictions_file. Fix: see 'bert-squad-score --help'"), bad
 
 
 @pytest.mark.parametrize("compress", [False, True])
