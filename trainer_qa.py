@@ -25,8 +25,7 @@ from utils_qa import PostProcessing, scores_from_examples
 class QuestionAnsweringTrainer(Trainer):
     def __init__(self, *args, eval_examples=None, post_processing: PostProcessing = PostProcessing(),
                  log_extras=None, checkpoints: Checkpoints = None, clock: PhaseClock = None, **kwargs):
-        """`eval_examples`: the questions behind `eval_dataset` (its features); `log_extras`: a function of a log entry
-        returning values to add to it (TelemetryCallback.log_values); `checkpoints`, `clock`: the run's."""
+        """`eval_examples`: the questions behind `eval_dataset`; `log_extras(logs)`: values to add to a log entry."""
         super().__init__(*args, **kwargs)
         self.eval_examples, self.post_processing, self.log_extras = eval_examples, post_processing, log_extras
         self.checkpoints = checkpoints or Checkpoints(self.args.output_dir)
@@ -176,7 +175,6 @@ class EvaluationOutOfMemory(torch.OutOfMemoryError):
 
 @contextlib.contextmanager
 def attributes_set(obj, **values):
-    """`obj` (the TrainingArguments, the trainer) with `values` for the duration of the block, then as before."""
     before = {name: getattr(obj, name) for name in values}
     for name, value in values.items():
         setattr(obj, name, value)

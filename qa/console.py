@@ -55,7 +55,6 @@ def held_back(name: str):
 
 
 def format_log(logs: dict, step=None) -> str:
-    """A Trainer log entry as one JSON line, numbers as numbers (4 significant digits)."""
     entry = {} if step is None else {"step": step}
     entry.update((k, float(f"{v:.4g}") if isinstance(v, float) else v)
                  for k, v in logs.items() if k != "total_flos")

@@ -142,7 +142,6 @@ class TimeToAccuracyCallback(TrainerCallback):
                 writer.close()
 
     def summary(self) -> dict:
-        """Keys for train_results.json."""
         if self.interval is None:
             return {}
         out = {"train_seconds_excluding_evaluation": getattr(self, "train_seconds", None),
@@ -154,5 +153,4 @@ class TimeToAccuracyCallback(TrainerCallback):
         return out
 
     def record(self) -> dict:
-        """time_to_accuracy.json: every evaluation during training and the summary."""
         return {"evaluations": self.evaluations, **self.summary()}

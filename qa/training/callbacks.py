@@ -17,7 +17,6 @@ from qa.training.telemetry import TelemetryCallback
 
 
 def run_callbacks(run_args, training_args) -> dict:
-    """{role: callback} for what the settings switch on."""
     out = {}
     if run_args.eval_every is not None:  # first: the time to accuracy counts the compile warm-up's time
         out["time_to_accuracy"] = TimeToAccuracyCallback(run_args.eval_every, run_args.target_f1, tensorboard_dir=(
@@ -55,7 +54,6 @@ def install(trainer, callbacks, run_args) -> None:
 
 
 def summary(callbacks) -> dict:
-    """What the callbacks measured, for train_results.json."""
     return {k: v for callback in callbacks for k, v in getattr(callback, "summary", dict)().items()}
 
 

@@ -54,7 +54,6 @@ PEAK_TFLOPS = ((r"gh200", "GH200", {"bf16": 989, "fp16": 989, "tf32": 494, "fp32
 
 
 def matmul_precision(bf16=False, fp16=False, tf32=None) -> str:
-    """The matmuls' precision: 'bf16', 'fp16', 'tf32' or 'fp32'; `tf32` (TrainingArguments.tf32) None asks torch."""
     if bf16:
         return "bf16"
     if fp16:
@@ -134,5 +133,4 @@ def peak_flops(device_name, precision, override_tflops=None):
 
 
 def mfu(flops, seconds, peak_flops_per_s):
-    """Achieved model FLOP/s over the device's peak; None without a measured time or a peak."""
     return None if not seconds or seconds <= 0 or not peak_flops_per_s else flops / seconds / peak_flops_per_s
