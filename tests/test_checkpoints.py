@@ -184,6 +184,28 @@ def test_damaged_latest_checkpoint_resumes_from_the_previous(damage, problem, ru
     assert Checkpoints.verify(out / "checkpoint-6") is None and Checkpoints.verify(out / "checkpoint-8") is None
 
 
+def test_a_run_that_finishes_removes_the_saves_cut_short_and_nothing_else(run, caplog):
+    """incomplete-<time>/ (a checkpoint's save cut short, moved aside by a later run) is never resumed from: the next run
+    that finishes removes it, with one line; the complete checkpoints, previous-<time>/, damaged-<time>/ and a folder
+    the project did not name stay."""
+    out, main = run
+    kept = ["previous-20240101-000000", "damaged-20240101-000000", "incomplete-notes"]
+    for name in ["incomplete-20240101-000000", *kept]:
+        (out / name / "checkpoint-8").mkdir(parents=True)
+        (out / name / "checkpoint-8" / "model.safetensors").write_bytes(b"\0" * 100)
+    (out / "checkpoint-8").mkdir()  # torn: moved to incomplete-<now> when the run starts, removed when it ends
+    with caplog.at_level(logging.INFO):
+        assert main("--max_steps", "8") == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "qa.training.checkpoints" and "removed" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        f"removed 2 folder(s) of checkpoint saves cut short (never resumed from) in {out}: "
+        "incomplete-20240101-000000, incomplete-2"), said
+    assert sorted(p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith(("checkpoint-", "runs"))) == \
+        sorted([*kept, "plots"])
+    for step in (4, 6, 8):
+        assert Checkpoints.verify(out / f"checkpoint-{step}") is None, step
+
+
 def test_no_checkpoint_verifies(run, capsys):
     out, main = run
     for step in (2, 4, 6):

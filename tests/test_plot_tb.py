@@ -1,10 +1,14 @@
 """tools/plot_tb.py: PNG plots and summary.md from a run's TensorBoard events; a clean one-line
 error (exit 2) when there are none. In-process (a fresh interpreter costs seconds of imports)."""
 import importlib.util
+import json
+import logging
+import sys
 
 import pytest
 
 from tests.helpers import PLAIN, REPO, losses, results, tiny_run
+from tests.test_disk_full import FILLER, disk, leave  # noqa: F401 (disk: the fixture of a tmpfs of its own)
 
 
 def _plot_tb():
@@ -267,3 +271,81 @@ def test_a_real_run_with_evaluations_during_training_shows_its_final_evaluation_
     for fig in figures.values():
         plt.close(fig)
     assert plot_tb.main([str(run), "--out", str(tmp_path)]) == 0 and (tmp_path / "eval_f1.png").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's own plots (qa.results.records.write_plots): drawn at its end from its records, no TensorBoard needed
+
+EVAL_EVERY = ("eval_every", "--eval_every", "0.25", "--eval_every_questions", "20")  # the run of the test above
+
+
+def _png(path):
+    data = path.read_bytes()
+    return data.startswith(b"\x89PNG") and len(data) > 5000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run_args", [EVAL_EVERY, PLAIN], ids=["evaluated during training", "evaluated at the end"])
+def test_a_run_draws_its_loss_and_f1_and_names_them(run_args, tmp_path_factory):
+    """The training loss by optimizer step, each logged loss; the F1 by training second: the evaluations during training
+    as a curve and the final evaluation as a point of its own, or that point alone. The records name the plots, and
+    the model card of a model trained on generated questions says it will not answer real ones."""
+    from qa.results.records import plot_data
+
+    run = tiny_run(tmp_path_factory, *run_args)
+    found = results(run)
+    assert found["plots"] == ["plots/loss.png", "plots/f1.png"]
+    assert all(_png(run / name) for name in found["plots"])
+    assert "| plots | plots/loss.png, plots/f1.png |" in (run / "results.md").read_text()
+    assert "it will not answer real questions well" in (run / "README.md").read_text()
+    config = json.loads((run / "environment.json").read_text())["config"]
+    data = plot_data(run, found, config["eval_every_questions"])
+    ((loss, label),) = data["loss.png"][3]
+    last = json.loads((run / "trainer_state.json").read_text())["global_step"]
+    assert label == "training" and loss == list(zip(range(2, last + 1, 2), losses(run)))  # --logging_steps 2
+    during, final = data["f1.png"][3]
+    assert final == ([(found.get("train_seconds_excluding_evaluation") or found["train_runtime"], found["eval_f1"])],
+                     "final evaluation")
+    record = json.loads((run / "time_to_accuracy.json").read_text()) if run_args == EVAL_EVERY else {"evaluations": []}
+    assert during == ([(e["train_seconds"], e["f1"]) for e in record["evaluations"]],
+                      "during training (first 20 questions)" if run_args == EVAL_EVERY else "during training")
+    assert len(during[0]) == found.get("eval_during_training_count", 0)
+
+
+def _records(out):
+    """A trained run's records as write_plots reads them, made by hand: its results."""
+    out.mkdir()
+    (out / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": 2, "loss": 4.8}, {"step": 4, "loss": 4.1},
+                                                                        {"step": 4, "train_runtime": 2.0}]}))
+    return {"train_runtime": 2.0, "eval_f1": 3.0}
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_plots_on_a_full_disk_are_one_warning_and_the_run_goes_on(disk, caplog):
+    from qa.results.records import write_plots
+
+    out = disk / "out"
+    found = _records(out)
+    leave(disk)
+    with caplog.at_level(logging.WARNING):
+        assert write_plots(out, found) == []
+    assert _warnings(caplog) == [f"{out / 'plots'}: no space left on its file system (ENOSPC) while writing the run's "
+                                 "plots: no more of them in this run, which goes on (free space there for the next "
+                                 "run's)"]
+    assert not [p.name for p in out.rglob("*") if p.is_file() and p.name != "trainer_state.json"]  # nothing partial
+    (disk / FILLER).unlink()
+    assert write_plots(out, found) == ["plots/loss.png", "plots/f1.png"]  # with room, both
+
+
+def test_plots_without_matplotlib_are_one_warning(tmp_path, monkeypatch, caplog):
+    from qa.results.records import write_plots
+
+    found = _records(tmp_path / "out")
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if not installed: its import fails
+    with caplog.at_level(logging.WARNING):
+        assert write_plots(tmp_path / "out", found) == []
+    assert _warnings(caplog) == ["no plots: matplotlib is not installed (pip install matplotlib, for the next runs')"]
+    assert not (tmp_path / "out" / "plots").exists()

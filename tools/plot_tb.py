@@ -32,6 +32,7 @@ from pathlib import Path
 
 from qa.errors import InputError, command
 from qa.io import read_json
+from qa.results.records import draw_series  # the run's own plots (plots/*.png) draw their curves so too
 
 EVENT_GLOB = "events.out.tfevents.*"
 
@@ -228,10 +229,7 @@ def _draw_panel(ax, scalars, ylabel, kind, curves, xlabel=X_LABEL, final=None):
         if scalars[tag]:
             steps, ys = zip(*scalars[tag])
             values += ys
-            if len(steps) == 1:  # a value logged once: a point whose legend entry says what it is
-                ax.plot(steps, ys, "o", markersize=6, label=_point_label(label, ys[0], steps[0], kind))
-            else:
-                ax.plot(steps, ys, marker="o" if len(steps) < 30 else None, markersize=3, label=label or None)
+            draw_series(ax, scalars[tag], label, _point_label(label, ys[0], steps[0], kind))
         if tag in apart:
             step, value = apart[tag]
             values.append(value)

@@ -11,6 +11,9 @@ CARD = "README.md"
 # Hub ids of the bundled models that have one (bundled:tiny-bert is built at random: none).
 BUNDLED_HUB_IDS = {"bundled:minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+GENERATED = ("**Trained on generated data** (made-up sentences about people who never lived), not on real text: it "
+             "will not answer real questions well. It shows that the training works; train on SQuAD for a useful "
+             "model.", "")
 
 
 def _front_matter(cfg: dict) -> list:
@@ -85,6 +88,7 @@ def model_card(output_dir, results: dict, env: dict, device: str) -> str:
         f"# {Path(folder).name}: {cfg.get('model_name_or_path')} fine-tuned for question answering", "",
         "Fine-tuned with bert-squad-slurm (`run_qa.py`). All figures: `all_results.json`; the full "
         "configuration and versions: `environment.json`; the run in short: `results.md`.", "",
+        *(GENERATED if cfg.get("dataset_name") == "synthetic" and not cfg.get("train_file") else ()),  # a file wins
         "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows if value]
     lines += ["", "## Ask it questions", "", "```bash",

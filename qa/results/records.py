@@ -1,4 +1,5 @@
-"""What a run leaves behind, written atomically by the main process: metrics, the environment, a short report."""
+"""What a run leaves behind, written atomically by the main process: metrics, the environment, a short report, plots."""
+import logging
 import os
 import platform
 import socket
@@ -10,9 +11,11 @@ from pathlib import Path
 
 from qa.data.sources import split_source
 from qa.data.synthetic import synthetic_squad
-from qa.io import atomic_write_json, atomic_write_text, read_json
+from qa.io import atomic_write_json, atomic_write_text, optional_output, read_json, read_record, replacing
 from qa.results.model_card import number, trained_with, write_model_card
 from qa.results.wall_clock import breakdown_lines
+
+logger = logging.getLogger(__name__)
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
@@ -91,7 +94,8 @@ def results_markdown(results: dict, env: dict) -> str:
             ("SLURM job", env["slurm"].get("SLURM_JOB_ID")), ("git commit", env["git_commit"]),
             ("wall clock, whole run", fmt("WALL_CLOCK_SECONDS", " s", 1)),
             ("adjusted to the device", "; ".join(cfg.get("adjusted") or ()) or None),
-            ("compiled (torch.compile)", results.get("compiled"))]
+            ("compiled (torch.compile)", results.get("compiled")),
+            ("plots", ", ".join(results.get("plots") or ()) or None)]
     if cfg.get("do_train"):
         # The Trainer's clock runs through evaluations during training; say so where there were some.
         evals = results.get("eval_during_training_count")
@@ -210,14 +214,67 @@ def communication_rows(results: dict, fmt) -> list:
     return rows
 
 
+def draw_series(ax, points, label, alone):
+    """(x, y) points as a curve, dotted while few; a single value as a dot whose legend entry (`alone`) gives it."""
+    xs, ys = zip(*points)
+    if len(xs) == 1:
+        ax.plot(xs, ys, "o", markersize=6, label=alone)
+    else:
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label or None)
+
+
+def plot_data(output_dir, results: dict, subset=None) -> dict:
+    """What write_plots draws, from the run's records: file -> (y label, y limits, x label, [(points, legend label)])."""
+    out = Path(output_dir)
+    log = read_record(out / "trainer_state.json").get("log_history") or []
+    during = [(e["train_seconds"], e["f1"]) for e in read_record(out / "time_to_accuracy.json").get("evaluations", [])]
+    seconds = results.get("train_seconds_excluding_evaluation") or results.get("train_runtime")
+    return {"loss.png": ("loss: cross-entropy (nats)", (None, None), "optimizer step",
+                         [([(e["step"], e["loss"]) for e in log if "loss" in e], "training")]),
+            "f1.png": ("F1 (%)", (0, 100), "training seconds (evaluations excluded)",
+                       [(during, "during training" + (f" (first {subset:,} questions)" if subset else "")),
+                        ([(seconds, results.get("eval_f1"))], "final evaluation")])}
+
+
+def write_plots(output_dir, results: dict, subset=None) -> list:
+    """plots/loss.png, the training loss by optimizer step, and plots/f1.png, the F1 by training second (the evaluations
+    during training, on the first `subset` questions, then the final one): those written, from the run's records (no
+    TensorBoard needed; tools/plot_tb.py draws all it logged). Optional: no matplotlib, or a full disk, is a warning."""
+    folder, written = Path(output_dir) / "plots", []
+    try:
+        from matplotlib.figure import Figure  # not pyplot: no window, no state shared with the rest of the process
+    except ImportError:
+        logger.warning("no plots: matplotlib is not installed (pip install matplotlib, for the next runs')")
+        return written
+    with optional_output(folder, "the run's plots"):
+        for name, (ylabel, ylim, xlabel, curves) in plot_data(output_dir, results, subset).items():
+            if not (curves := [(points, label) for points, label in curves if points and None not in points[0]]):
+                continue
+            figure = Figure(figsize=(6.4, 3.6), layout="tight")
+            ax = figure.subplots()
+            for points, label in curves:
+                draw_series(ax, points, label, f"{label}: {points[0][1]:.2f}")
+            ax.set(xlabel=xlabel, ylabel=ylabel, ylim=ylim)
+            ax.legend(fontsize="small")
+            with replacing(folder / name) as tmp:
+                figure.savefig(tmp, format="png", dpi=100)
+            written.append(f"plots/{name}")
+    logger.info("plots: %s", ", ".join(str(Path(output_dir) / name) for name in written) or "none")
+    return written
+
+
 def finish_run(output_dir, wall_clock_seconds: float, env: dict, extra=None) -> dict:
     """all_results.json completed with the wall clock and `extra` (known only at the end), and results.md."""
+    from qa.training.checkpoints import remove_incomplete  # here: the tools that read records need no torch
+
     output_dir = Path(output_dir)
     results = _all_results(output_dir, {**(extra or {}), "WALL_CLOCK_SECONDS": round(wall_clock_seconds, 3)})
     write_generated_data(output_dir, env["config"])
-    atomic_write_text(output_dir / "results.md", results_markdown(results, env))
-    if env["config"].get("do_train"):  # a trained model: how to use it, beside it
+    if env["config"].get("do_train"):  # a trained model: its plots, how to use it, and no more torn checkpoints
+        results["plots"] = write_plots(output_dir, results, env["config"].get("eval_every_questions"))
         write_model_card(output_dir, results, env, device_name(env))
+        remove_incomplete(output_dir)
+    atomic_write_text(output_dir / "results.md", results_markdown(results, env))
     # Last: its WALL_CLOCK_SECONDS says that the run ended; stopped before (a full disk), the rerun evaluates again
     atomic_write_json(output_dir / "all_results.json", results)
     return results

@@ -234,6 +234,17 @@ class Checkpoints:
         return check_files(folder, files)
 
 
+def remove_incomplete(output_dir) -> None:
+    """Once a run has finished: the incomplete-<time> folders of checkpoint saves cut short (_move_aside), which nothing
+    resumes from. Complete checkpoints, previous-<time> and damaged-<time> (complete when saved) stay."""
+    torn = sorted(p for p in Path(output_dir).iterdir() if (m := _ASIDE.match(p.name)) and m[1] == "incomplete")
+    for path in torn:
+        shutil.rmtree(path, ignore_errors=True)
+    if removed := [p.name for p in torn if not p.exists()]:
+        logger.info("removed %d folder(s) of checkpoint saves cut short (never resumed from) in %s: %s", len(removed),
+                    output_dir, ", ".join(removed))
+
+
 def _move_aside(output_dir, paths, label, log=True):
     if not paths:
         return None
