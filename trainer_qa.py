@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 import weakref
+from unittest.mock import patch
 
 import torch
 from accelerate.utils import DistributedType
@@ -173,16 +174,7 @@ class EvaluationOutOfMemory(torch.OutOfMemoryError):
     """The device ran out of memory in an evaluation or prediction, not in a training step."""
 
 
-@contextlib.contextmanager
-def attributes_set(obj, **values):
-    before = {name: getattr(obj, name) for name in values}
-    for name, value in values.items():
-        setattr(obj, name, value)
-    try:
-        yield obj
-    finally:
-        for name, value in before.items():
-            setattr(obj, name, value)
+attributes_set = patch.multiple  # `obj`'s attributes for the block, put back after it (also on an error)
 
 
 @contextlib.contextmanager
