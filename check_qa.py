@@ -18,12 +18,12 @@ import torch
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from qa.distributed import close_process_group, distributed, every_rank, on_main_rank
-from qa.errors import EXIT_INPUT_ERROR, InputError
+from qa.errors import EXIT_INPUT_ERROR, InputError, Interrupted
 from qa.evaluation.time_to_accuracy import eval_interval, first_questions
 from qa.io import atomic_write_json, atomic_write_text
 from qa.results.records import environment_record
 from qa.results.wall_clock import PHASES
-from qa.training.preemption import Interrupted, interrupted_by_sigterm
+from qa.training.preemption import interrupted_by_signals
 from qa.training.telemetry import autocast_precision, gib
 from studies.submit import asked, offered, partition_nodes, spelled, unmet
 
@@ -70,7 +70,7 @@ def check_job(parsed, stages) -> int:
     report.measured["record_s"] = time.perf_counter() - start
     stopped = False
     try:
-        with interrupted_by_sigterm():
+        with interrupted_by_signals():
             checks(report, env, run_args, args, stages)
     except Interrupted:
         stopped, seconds = True, time.time() - psutil.Process().create_time()

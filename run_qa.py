@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from qa.arguments import check_before_loading  # the standard library only
-from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, command, require_packages
+from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, Interrupted, command, require_packages
 
 require_packages("torch", "transformers", "datasets", "accelerate")  # before importing them: one line, no traceback
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "bert-squad-run":  # a command (torchrun's too)
@@ -34,7 +34,7 @@ from qa.training.callbacks import install, run_callbacks, summary
 from qa.training.checkpoints import Checkpoints, progress
 from qa.training.compile import compile_outcome, cuda_graphs_outcome, record_compile_cache
 from qa.training.flops import settle_tf32
-from qa.training.preemption import Interrupted, interrupted_by_sigterm
+from qa.training.preemption import interrupted_by_signals, stopped_during
 from qa.training.runlock import RunLock
 from qa.training.telemetry import train_throughput
 from trainer_qa import EvaluationOutOfMemory, QuestionAnsweringTrainer, evaluated_during_training
@@ -44,8 +44,17 @@ logger = logging.getLogger("run_qa")
 
 
 def run(argv, callbacks=()):
-    """`callbacks`: more for the Trainer, e.g. a benchmark's (bench/timed_run.py)."""
+    """`callbacks`: more for the Trainer, e.g. a benchmark's (bench/timed_run.py). A signal at any stage: one line
+    saying where (the training's own: a checkpoint first, qa.training.preemption)."""
     clock = PhaseClock()
+    try:
+        with interrupted_by_signals():
+            return _run(argv, callbacks, clock)
+    except (Interrupted, KeyboardInterrupt) as stop:
+        return stopped_during(clock.left_in or "startup", stop)
+
+
+def _run(argv, callbacks, clock):
     try:
         parsed = parse_args(argv)  # every setting checked: (model_args, data_args, run_args, training_args, explicit)
     except InputError as err:
@@ -230,12 +239,11 @@ def _train_and_evaluate(setup, extra_callbacks):
     then = (f"the same command with it evaluates the model trained in {out}, without training again" if args.do_train
             else "rerun with it")
     try:
-        with interrupted_by_sigterm():
-            _evaluate(trainer, features, setup.examples, args, main, setup.clock)
+        _evaluate(trainer, features, setup.examples, args, main, setup.clock)
     except torch.OutOfMemoryError as err:
         raise out_of_memory(args, err, then) from None
-    except Interrupted:  # nothing to checkpoint: the evaluation is done again by the rerun
-        logger.warning("interrupted by SIGTERM during the evaluation%s: rerun the same command to evaluate",
+    except Interrupted as stop:  # nothing to checkpoint: the evaluation is done again by the rerun
+        logger.warning("interrupted by %s during the evaluation%s: rerun the same command to evaluate", stop,
                        f" (the trained model stays in {out})" if args.do_train else "")
         return EXIT_INTERRUPTED
     ranks = every_rank(setup.clock.seconds)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 EXIT_INPUT_ERROR = 2
 EXIT_OUT_OF_MEMORY = 3  # the device ran out of memory (training step or evaluation): a smaller per-device batch
@@ -30,6 +31,41 @@ class InputError(Exception):
         return type(self), (self.where, self.problem, self.fix, self.exit_code)
 
 
+class Interrupted(Exception):
+    """SIGTERM or USR1 outside the training's steps (loading, tokenizing, the warm-up, evaluation, saving): nothing there
+    to checkpoint, the rerun goes on from what was saved. Its argument: the signal's name."""
+
+
+def raise_again_if_lost(signum) -> None:
+    """A handler's exception raised where Python ignores exceptions (a __del__ or weakref callback: often under torch)
+    is lost, with a traceback: so it is hidden, and the signal comes again a second later, unless heard() by then."""
+    if sys.unraisablehook is not _lost:
+        _lost.hook, sys.unraisablehook = sys.unraisablehook, _lost
+    again = threading.Timer(1, os.kill, (os.getpid(), signum))
+    again.daemon = True
+    again.start()
+    _again.append(again)
+
+
+_again = []  # what raise_again_if_lost will send
+
+
+def heard() -> None:
+    """The signal's exception arrived: no second one."""
+    while _again:
+        _again.pop().cancel()
+
+
+def _lost(unraisable):
+    if not isinstance(unraisable.exc_value, (Interrupted, KeyboardInterrupt)):
+        _lost.hook(unraisable)
+
+
+def _ctrl_c(signum, frame):
+    raise_again_if_lost(signum)
+    raise KeyboardInterrupt
+
+
 def plural(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
@@ -45,6 +81,8 @@ def require_packages(*names) -> None:
     import importlib.util
 
     sys.excepthook = functools.partial(_ctrl_c_in_one_line, sys.excepthook)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a Ctrl-C in an import's __del__ is not lost
+        signal.signal(signal.SIGINT, _ctrl_c)
     if missing := [name for name in names if importlib.util.find_spec(name) is None]:
         found = environment_file()
         fix = f"source {found}" if found else ("run ./setup_bert.sh (README.md, the two commands), then source the "
@@ -65,6 +103,7 @@ def environment_file() -> str | None:
 def _ctrl_c_in_one_line(hook, kind, value, traceback):
     if not issubclass(kind, KeyboardInterrupt):
         return hook(kind, value, traceback)
+    heard()
     sys.stderr.write(f"{CTRL_C}\n")
 
 
@@ -81,9 +120,10 @@ def command(main):
                 sys.stderr.write(f"error: {err}\n")
                 sys.stderr.flush()
             status, reason = err.exit_code, str(err)
-        except KeyboardInterrupt:  # Ctrl-C outside a training, or a second one in it (qa/training/preemption.py)
+        except KeyboardInterrupt:  # Ctrl-C before run_qa's run, or in another command
             for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: one more changes nothing
                 signal.signal(sig, signal.SIG_IGN)
+            heard()
             sys.stderr.write(f"{CTRL_C}\n")
             status, reason = EXIT_CTRL_C, CTRL_C
         except BaseException as exc:

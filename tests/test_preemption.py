@@ -2,6 +2,7 @@
 one rank gets still stops every rank at one and the same step with a complete checkpoint, and
 the ranks agree on it with an all-reduce every --preemption_check_steps steps, not at every step.
 Ctrl-C (SIGINT) does the same, alone and under torchrun, and a second one stops at once with one line."""
+import contextlib
 import json
 import os
 import re
@@ -16,8 +17,9 @@ import pytest
 import torch
 
 from qa.errors import CTRL_C, EXIT_CTRL_C
-from tests.helpers import (REPO, SMOKE_TINY, TORCHRUN, assert_complete_checkpoint, offline_env, run_qa, running,
-                           wait_until)
+from qa.results.wall_clock import PhaseClock
+from tests.helpers import (COMPILED_TINY, REPO, SMOKE_TINY, TINY, TORCHRUN, assert_complete_checkpoint, go_offline,
+                           offline_env, run_qa, running, wait_until)
 
 
 
@@ -42,6 +44,7 @@ def _agreeing_rank(rank, port, check_steps, signal_at, out):
     callback = CheckpointOnSignalCallback(check_steps)
     callback.on_train_begin(args, state, control)
     while state.global_step < state.max_steps and not control.should_training_stop:
+        callback.on_step_begin(args, state, control)
         state.global_step += 1
         time.sleep(0.01 * (1 + rank))  # the ranks drift apart, as real ones do
         if (rank, state.global_step) == signal_at:
@@ -82,6 +85,7 @@ def test_one_process_checks_its_own_flag_at_every_step():
     callback.on_train_begin(args, state, control)
     try:
         for step in range(1, 6):
+            callback.on_step_begin(args, state, control)
             state.global_step = step
             if step == 3:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -131,6 +135,7 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_with_a_complete_checkpoint(t
 # ---------------------------------------------------------------------------------------------
 # Ctrl-C: SIGINT as a terminal (or srun --pty) sends it; torchrun passes it on to its workers
 
+IN_TRAINING = CTRL_C.replace("Ctrl-C:", "Ctrl-C during training:")  # a second Ctrl-C's line
 LONG = [SMOKE_TINY, "--num_train_epochs", "20", "--do_eval", "false", "--report_to", "none", "--save_steps", "1000"]
 
 
@@ -193,7 +198,7 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line(tmp_path, tmp_path_factory)
                      ("the first Ctrl-C's line", lambda: "Ctrl-C again" in log.read_text()), timeout=120)
     assert status == EXIT_CTRL_C, log.read_text()[-3000:]
     text = log.read_text()
-    assert "Traceback" not in text and text.rstrip().splitlines()[-1] == CTRL_C, text[-3000:]
+    assert "Traceback" not in text and text.rstrip().splitlines()[-1] == IN_TRAINING, text[-3000:]
     assert not list(out.glob("checkpoint-*")) and not (out / "run.lock").exists()
 
 
@@ -254,6 +259,57 @@ def test_a_second_ctrl_c_under_torchrun_stops_every_rank_at_once(tmp_path, tmp_p
     finally:
         proc.kill()
     text = log.read_text()
-    assert text.count(CTRL_C) == 2 and "KeyboardInterrupt" not in text, text[-3000:]
+    assert text.count(IN_TRAINING) == 2 and "KeyboardInterrupt" not in text, text[-3000:]
     assert not list(out.glob("checkpoint-*"))
     assert json.loads((tmp_path / "outcome.json").read_text())["status"] == EXIT_CTRL_C
+
+
+# ---------------------------------------------------------------------------------------------
+# A signal at any other stage: one line saying where, the lock given back, and the same command goes on
+
+STAGE_RUN = [*TINY, "--synthetic_train_examples", "64", "--synthetic_eval_examples", "16", "--max_steps", "2",
+             "--do_train", "--do_eval", "--report_to", "none"]
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1", signal.SIGINT: "Ctrl-C"}
+
+
+@pytest.mark.parametrize("phase, nth, sig, said", [
+    ("data_loading", 1, signal.SIGTERM, "data loading"),
+    ("model_loading", 1, signal.SIGTERM, "model loading"),
+    ("features", 1, signal.SIGTERM, "tokenizing"),
+    ("features", 1, signal.SIGINT, "tokenizing"),
+    ("features", 1, signal.SIGUSR1, "tokenizing"),
+    ("compile_warmup", 1, signal.SIGTERM, "the compile warm-up"),
+    ("saving", 3, signal.SIGTERM, "saving"),  # the trained model: after environment.json and the last checkpoint
+    ("saving", 3, signal.SIGINT, "saving"),
+    ("saving", 3, signal.SIGUSR1, "saving"),
+])
+def test_a_signal_at_any_stage_is_one_line_and_the_rerun_goes_on(phase, nth, sig, said, tmp_path, tmp_path_factory,
+                                                                 monkeypatch, capsys):
+    """The signal is real, sent by the run's process to itself as it enters the stage (the clock's phase)."""
+    from run_qa import main
+
+    go_offline(monkeypatch, tmp_path_factory.getbasetemp() / "hf_home")
+    args = [*(COMPILED_TINY if phase == "compile_warmup" else STAGE_RUN), "--output_dir", str(tmp_path / "out")]
+    entered, timed = [], PhaseClock.phase
+
+    @contextlib.contextmanager
+    def phase_with_a_signal(clock, name):
+        with timed(clock, name):
+            entered.append(name)
+            if name == phase and entered.count(name) == nth:
+                os.kill(os.getpid(), sig)
+            yield
+
+    monkeypatch.setattr(PhaseClock, "phase", phase_with_a_signal)
+    handlers = {s: signal.getsignal(s) for s in NAMES}  # a stopping run ignores more signals: this process goes on
+    assert main(args) == (EXIT_CTRL_C if sig == signal.SIGINT else 143)
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
+    err = capsys.readouterr().err  # transformers' warnings may come first, through a handler of an earlier test's
+    assert err.splitlines()[-1] == (f"interrupted by {NAMES[sig]} during {said}: stopped at once, nothing more saved; "
+                                    "the same command goes on from what was saved")
+    assert err.count("interrupted by") == 1 and "Interrupt" not in err, err
+    assert not (tmp_path / "out" / "run.lock").exists()
+    monkeypatch.setattr(PhaseClock, "phase", timed)
+    assert main(args) == 0
+    assert "eval_f1" in json.loads((tmp_path / "out" / "all_results.json").read_text())

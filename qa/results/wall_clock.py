@@ -14,6 +14,7 @@ class PhaseClock:
         self.started = psutil.Process().create_time()  # on time.time()'s clock: imports count
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self._open = []  # [phase, start, seconds of the phases timed inside it], innermost last
+        self.left_in = None  # the innermost phase an exception (an error, a signal) left
 
     def since_start(self, phase: str) -> None:
         """`phase` ends now and began with the process (start-up: the interpreter, imports, arguments, the lock)."""
@@ -25,6 +26,9 @@ class PhaseClock:
         self._open.append(entry)
         try:
             yield
+        except BaseException:
+            self.left_in = self.left_in or name
+            raise
         finally:
             self._open.pop()
             spent = time.time() - entry[1]

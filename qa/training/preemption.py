@@ -11,19 +11,19 @@ import torch
 from transformers import TrainerCallback
 
 from qa.distributed import distributed
-from qa.errors import EXIT_CTRL_C, EXIT_INTERRUPTED
+from qa.errors import CTRL_C, EXIT_CTRL_C, EXIT_INTERRUPTED, Interrupted, heard, raise_again_if_lost
 
 logger = logging.getLogger(__name__)
 
 
-class Interrupted(Exception):
-    """SIGTERM after training (evaluation, prediction): nothing there to checkpoint, a rerun does it again."""
+STOPPING = (signal.SIGTERM, signal.SIGUSR1)  # a job's end: SLURM's TERM, or its USR1 warning sent to the run
+PHASE_NAMES = {"startup": "start-up", "features": "tokenizing", "compile_warmup": "the compile warm-up"}
 
 
 @contextlib.contextmanager
-def interrupted_by_sigterm():
-    """SIGTERM raises Interrupted in the block, so the run leaves with its one line, its status and its lock given
-    back; a process forked meanwhile (a DataLoader worker) is ended, as before."""
+def interrupted_by_signals():
+    """SIGTERM and USR1 raise Interrupted in the block, so the run leaves with its one line, its status and its lock
+    given back; a process forked meanwhile (a DataLoader worker) is ended, as before."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -33,30 +33,27 @@ def interrupted_by_sigterm():
         if os.getpid() == pid:
             fired.append(signum)
             raise_again_if_lost(signum)
-            raise Interrupted()
+            raise Interrupted(signal.Signals(signum).name)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in STOPPING}
     try:
         yield
     finally:  # ending on it: a later SIGTERM (torchrun passes SLURM's on) must not cut the last lines
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if fired else previous)
+        for sig, before in previous.items():
+            signal.signal(sig, signal.SIG_IGN if fired else before)
 
 
-def raise_again_if_lost(signum) -> None:
-    """A handler's exception raised where Python ignores exceptions (a weakref callback: often under torch) is lost,
-    with a traceback: so it is hidden, and the signal comes again a second later, ignored by then if it went through."""
-    if sys.unraisablehook is not _lost:
-        _lost.hook, sys.unraisablehook = sys.unraisablehook, _lost
-    again = threading.Timer(1, os.kill, (os.getpid(), signum))
-    again.daemon = True
-    again.start()
-
-
-def _lost(unraisable):
-    if not isinstance(unraisable.exc_value, (Interrupted, KeyboardInterrupt)):
-        _lost.hook(unraisable)
+def stopped_during(phase: str, stop: BaseException) -> int:
+    """The one line of a run stopped by a signal outside the training's checkpointing; -> its exit status."""
+    for sig in (signal.SIGINT, *STOPPING):  # stopping: one more changes nothing
+        signal.signal(sig, signal.SIG_IGN)
+    heard()
+    cause, status = ("Ctrl-C", EXIT_CTRL_C) if isinstance(stop, KeyboardInterrupt) else (str(stop), EXIT_INTERRUPTED)
+    where = f" during {PHASE_NAMES.get(phase, phase.replace('_', ' '))}:"
+    sys.stderr.write(CTRL_C.replace("Ctrl-C:", cause + where, 1) + "\n")  # what the rerun does: CTRL_C's words
+    return status
 
 
 class CheckpointOnSignalCallback(TrainerCallback):
@@ -78,9 +75,10 @@ class CheckpointOnSignalCallback(TrainerCallback):
     def _handler(self, signum, frame):
         if os.getpid() != self._pid:
             return  # a DataLoader worker, forked with this handler: the run ends it
-        if self.ctrl_c:
+        if self.ctrl_c or not self._stepping:  # before the first step (the warm-up) nothing is there to checkpoint
             raise_again_if_lost(signum)
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt if self.ctrl_c or signum == signal.SIGINT else \
+                Interrupted(signal.Signals(signum).name)
         self.ctrl_c = signum == signal.SIGINT
         if self.ctrl_c and os.environ.get("RANK", "0") == "0":  # os.write: a print could re-enter the one it cut short
             os.write(2, b"Ctrl-C: stopping with a checkpoint at a step's end; Ctrl-C again stops at once, unsaved\n")
@@ -88,18 +86,20 @@ class CheckpointOnSignalCallback(TrainerCallback):
 
     def stopped_by(self) -> tuple:
         """(what, exit status): this rank's first signal; none here (another rank's) counts as SIGTERM, a job's."""
-        return ("Ctrl-C", EXIT_CTRL_C) if self.received == signal.SIGINT else ("SIGTERM", EXIT_INTERRUPTED)
+        if self.received == signal.SIGINT:
+            return "Ctrl-C", EXIT_CTRL_C
+        return signal.Signals(self.received or signal.SIGTERM).name, EXIT_INTERRUPTED
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.received = self.stopped_at = self._pending = None
-        self.agreements, self.ctrl_c, self._pid = 0, False, os.getpid()
+        self.agreements, self.ctrl_c, self._pid, self._stepping = 0, False, os.getpid(), False
         if threading.current_thread() is not threading.main_thread():
             logger.warning("checkpoint on SIGTERM: not in the main thread, no signal handler installed")
             return
         if getattr(args, "enable_jit_checkpoint", False):
             logger.warning("checkpoint on SIGTERM: replacing transformers' enable_jit_checkpoint handler "
                            "(its ranks checkpoint independently, which can hang DDP/FSDP)")
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (*STOPPING, signal.SIGINT):
             if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored from the start (a background job): stays so
                 self._previous[sig] = signal.signal(sig, self._handler)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -107,6 +107,9 @@ class CheckpointOnSignalCallback(TrainerCallback):
             logger.warning("rank %d of %d (%s backend) on %s, pid %d: training from step %d; SIGTERM saves a "
                            "checkpoint", torch.distributed.get_rank(), torch.distributed.get_world_size(),
                            torch.distributed.get_backend(), os.uname().nodename, os.getpid(), state.global_step)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._stepping = True
 
     def _start_agreement(self, args):
         flag = torch.tensor([int(self.received is not None)], dtype=torch.int32, device=args.device)
