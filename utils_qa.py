@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """SQuAD's own code: the pre-processing (questions and contexts -> windows of at most `max_seq_length` tokens
 sharing `doc_stride`), the post-processing (logits -> answer texts, v1.1 and v2.0) and the metric, exactly as
-the official scripts compute it. `python utils_qa.py score ...` runs score_qa.py's command (docs/running.md).
+the official scripts compute it. Scoring a predictions file: score_qa.py (bert-squad-score), which imports this.
 
 The two halves of one contract sit together: every window starts with [CLS] (the label of a window without the
 answer, and the SQuAD v2 null score) and keeps character offsets for context tokens only, which is all the
