@@ -8,6 +8,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from accelerate.utils import gather_object
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from transformers import TrainerCallback
 
@@ -42,11 +43,7 @@ def on_main_rank(fn):
 
 
 def every_rank(value) -> list:
-    if not distributed():
-        return [value]
-    values = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
+    return gather_object([value])  # accelerate's: each rank's value, in rank order; [value] on one process
 
 
 def close_process_group():
