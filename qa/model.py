@@ -26,7 +26,7 @@ def build_random_bert(folder: Path, shape: dict) -> Path:
     """Once: ranks and jobs that start together take turns on a lock, and the first builds it."""
     import fcntl
 
-    from safetensors.torch import save_file
+    from safetensors.torch import save_model
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, set_seed
 
     folder = Path(folder)
@@ -43,8 +43,7 @@ def build_random_bert(folder: Path, shape: dict) -> Path:
         with writing(folder.parent, folder.name, undo=lambda: shutil.rmtree(tmp, ignore_errors=True)):
             tmp.mkdir(parents=True, exist_ok=True)
             model.config.save_pretrained(tmp)
-            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"),
-                      metadata={"format": "pt"})
+            save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             tokenizer.save_pretrained(tmp)
         give_new_file_modes(tmp)  # safetensors writes weights 0600 whatever the umask
         if folder.exists():  # a torn folder from a killed build
