@@ -119,8 +119,7 @@ class QuestionAnsweringTrainer(Trainer):
         return metrics
 
     def predict(self, test_dataset, test_examples=None, ignore_keys=None, metric_key_prefix="predict"):
-        """(predictions: question id -> answer text, metrics): answers are per question, from the logits of all its
-        features, and written to files; F1/EM only when the examples carry gold answers."""
+        """(predictions: question id -> answer text, metrics), also written to files; F1/EM if examples have answers."""
         predictions, metrics = self._predict_and_score(
             self.get_test_dataloader(test_dataset), test_dataset, test_examples, ignore_keys, metric_key_prefix,
             "Prediction", files_prefix=metric_key_prefix)

@@ -1,5 +1,4 @@
-"""Where each split comes from (data files, the Hugging Face Hub or the generator), every source
-ending as a validated `datasets.Dataset` with the columns of the Hub's `rajpurkar/squad`."""
+"""Where each split comes from (data files, the Hub or the generator), each a validated table (qa/data/table.py)."""
 import gc
 import os
 import re

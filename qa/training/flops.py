@@ -1,5 +1,4 @@
-"""What training a model costs and what a device can do: model FLOPs (real tokens only), the
-model's shape, the devices' dense peaks by matmul precision, and MFU (model FLOP/s over the peak)."""
+"""What training costs (model FLOPs, real tokens only), what a device can do (dense peaks by precision), and MFU."""
 import os
 import re
 
