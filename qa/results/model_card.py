@@ -70,7 +70,7 @@ def _training_time(results: dict):
     return runtime
 
 
-def model_card(output_dir, results: dict, env: dict, device: str) -> str:
+def write_model_card(output_dir, results: dict, env: dict, device: str) -> None:
     cfg, folder = env["config"], os.fspath(output_dir)
     world = int(env["distributed"].get("WORLD_SIZE", "1"))
     version = "SQuAD v2.0 (may answer that there is no answer)" if cfg.get("version_2_with_negative") else "SQuAD v1.1"
@@ -98,8 +98,4 @@ def model_card(output_dir, results: dict, env: dict, device: str) -> str:
               'qa("Who wrote it?", "...")  # {"answer": ..., "start": ..., "end": ..., "score": ...}', "```", "",
               "Both window the context, batch and post-process as the training run did (its settings are read "
               "from `environment.json`), so their answers are those of `run_qa.py --do_predict`.", ""]
-    return "\n".join(lines)
-
-
-def write_model_card(output_dir, results: dict, env: dict, device: str) -> None:
-    atomic_write_text(Path(output_dir) / CARD, model_card(output_dir, results, env, device))
+    atomic_write_text(Path(output_dir) / CARD, "\n".join(lines))
