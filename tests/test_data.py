@@ -276,7 +276,7 @@ BAD_INPUTS = {
     "not_utf8": (lambda d: (d / "latin1.json").write_bytes('["caf\xe9"]'.encode("latin-1")) and
                  d / "latin1.json", ["latin1.json", "UTF-8"]),
     "unknown_suffix": (lambda d: write(d / "train.txt", "x"), ["train.txt", "unknown file type"]),
-    "empty_file": (lambda d: write(d / "empty.json", "  \n"), ["empty.json", "empty"]),
+    "empty_file": (lambda d: write(d / "empty.json", "  \n"), ["empty.json", "no questions"]),  # as .jsonl
     "empty_jsonl": (lambda d: write(d / "empty.jsonl.gz", "\n\n"), ["empty.jsonl.gz", "no questions"]),
     "malformed_json": (lambda d: write(d / "broken.json", '{"version": "1.1",\n "data": [\n'
                                        '   {"title": "x",, }]}'),
