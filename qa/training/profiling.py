@@ -47,22 +47,17 @@ class ProfilerCallback(TrainerCallback):
 
         if self.prof.current_action in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE):
             self._recording.append(state.global_step)  # the step that just ended was recorded
-        self.prof.step()  # writes the files when a cycle's last active step ends
-        if self.repeat and len(self.cycles) >= self.repeat:
-            self._stop()
+        self.prof.step()  # writes a cycle's files after its last active step; records nothing after `repeat` cycles
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.prof is None:
             return
-        self._stop()  # a cycle cut short by the end of training still writes what it recorded
+        prof, self.prof = self.prof, None
+        prof.stop()  # a cycle cut short by the end of training still writes what it recorded
         if not self.cycles:
             logger.warning("profiling: training ended after %d steps, before the first recorded step "
                            "(--profile_wait %d + --profile_warmup %d); nothing was written",
                            state.global_step, self.wait, self.warmup)
-
-    def _stop(self):  # both callers checked that it profiles
-        prof, self.prof = self.prof, None
-        prof.stop()
 
     def summary(self) -> dict:
         if not self.cycles:
