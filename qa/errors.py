@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import sys
-import threading
 
 EXIT_INPUT_ERROR = 2
 EXIT_OUT_OF_MEMORY = 3  # the device ran out of memory (training step or evaluation): a smaller per-device batch
@@ -36,33 +35,24 @@ class Interrupted(Exception):
     to checkpoint, the rerun goes on from what was saved. Its argument: the signal's name."""
 
 
-def raise_again_if_lost(signum) -> None:
+def raise_again_if_lost() -> None:
     """A handler's exception raised where Python ignores exceptions (a __del__ or weakref callback: often under torch)
-    is lost, with a traceback: so it is hidden, and the signal comes again a second later, unless heard() by then."""
+    is lost, with a traceback: so it is hidden, and its signal sent again."""
     if sys.unraisablehook is not _lost:
         _lost.hook, sys.unraisablehook = sys.unraisablehook, _lost
-    again = threading.Timer(1, os.kill, (os.getpid(), signum))
-    again.daemon = True
-    again.start()
-    _again.append(again)
-
-
-_again = []  # what raise_again_if_lost will send
-
-
-def heard() -> None:
-    """The signal's exception arrived: no second one."""
-    while _again:
-        _again.pop().cancel()
 
 
 def _lost(unraisable):
-    if not isinstance(unraisable.exc_value, (Interrupted, KeyboardInterrupt)):
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    elif isinstance(unraisable.exc_value, Interrupted):
+        os.kill(os.getpid(), signal.Signals[str(unraisable.exc_value)])
+    else:
         _lost.hook(unraisable)
 
 
 def _ctrl_c(signum, frame):
-    raise_again_if_lost(signum)
+    raise_again_if_lost()
     raise KeyboardInterrupt
 
 
@@ -103,7 +93,6 @@ def environment_file() -> str | None:
 def _ctrl_c_in_one_line(hook, kind, value, traceback):
     if not issubclass(kind, KeyboardInterrupt):
         return hook(kind, value, traceback)
-    heard()
     sys.stderr.write(f"{CTRL_C}\n")
 
 
@@ -123,7 +112,6 @@ def command(main):
         except KeyboardInterrupt:  # Ctrl-C before run_qa's run, or in another command
             for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: one more changes nothing
                 signal.signal(sig, signal.SIG_IGN)
-            heard()
             sys.stderr.write(f"{CTRL_C}\n")
             status, reason = EXIT_CTRL_C, CTRL_C
         except BaseException as exc:

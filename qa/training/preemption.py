@@ -11,7 +11,7 @@ import torch
 from transformers import TrainerCallback
 
 from qa.distributed import distributed
-from qa.errors import CTRL_C, EXIT_CTRL_C, EXIT_INTERRUPTED, Interrupted, heard, raise_again_if_lost
+from qa.errors import CTRL_C, EXIT_CTRL_C, EXIT_INTERRUPTED, Interrupted, raise_again_if_lost
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def interrupted_by_signals():
     def handler(signum, frame):
         if os.getpid() == pid:
             fired.append(signum)
-            raise_again_if_lost(signum)
+            raise_again_if_lost()
             raise Interrupted(signal.Signals(signum).name)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -49,7 +49,6 @@ def stopped_during(phase: str, stop: BaseException) -> int:
     """The one line of a run stopped by a signal outside the training's checkpointing; -> its exit status."""
     for sig in (signal.SIGINT, *STOPPING):  # stopping: one more changes nothing
         signal.signal(sig, signal.SIG_IGN)
-    heard()
     cause, status = ("Ctrl-C", EXIT_CTRL_C) if isinstance(stop, KeyboardInterrupt) else (str(stop), EXIT_INTERRUPTED)
     where = f" during {PHASE_NAMES.get(phase, phase.replace('_', ' '))}:"
     sys.stderr.write(CTRL_C.replace("Ctrl-C:", cause + where, 1) + "\n")  # what the rerun does: CTRL_C's words
@@ -76,7 +75,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
         if os.getpid() != self._pid:
             return  # a DataLoader worker, forked with this handler: the run ends it
         if self.ctrl_c or not self._stepping:  # before the first step (the warm-up) nothing is there to checkpoint
-            raise_again_if_lost(signum)
+            raise_again_if_lost()
             raise KeyboardInterrupt if self.ctrl_c or signum == signal.SIGINT else \
                 Interrupted(signal.Signals(signum).name)
         self.ctrl_c = signum == signal.SIGINT
