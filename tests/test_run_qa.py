@@ -293,7 +293,8 @@ def test_checkpoints_are_marked_rotated_and_resumed(tmp_path, tmp_path_factory, 
     with caplog.at_level(logging.INFO):
         assert main([*common, "--max_steps", "6"]) == 0
     assert f"resuming from {out / 'checkpoint-4'}" in caplog.messages
-    assert not torn.exists() and list(out.glob("incomplete-*/checkpoint-9"))
+    assert not torn.exists() and not list(out.glob("incomplete-*"))  # moved aside, then removed once finished
+    assert any(m.startswith("removed 1 folder(s) of checkpoint saves cut short") for m in caplog.messages)
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
     assert main([*common, "--max_steps", "2", "--resume", "never"]) == 0
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
