@@ -224,7 +224,7 @@ def draw_series(ax, points, label, alone):
 
 
 def plot_data(output_dir, results: dict, subset=None) -> dict:
-    """What write_plots draws, from the run's records: file -> (y label, y limits, x label, [(points, legend label)])."""
+    """What write_plots draws, from the run's records: file -> (y label, y limits, x label, [(points, legend)])."""
     out = Path(output_dir)
     log = read_record(out / "trainer_state.json").get("log_history") or []
     during = [(e["train_seconds"], e["f1"]) for e in read_record(out / "time_to_accuracy.json").get("evaluations", [])]
@@ -237,9 +237,8 @@ def plot_data(output_dir, results: dict, subset=None) -> dict:
 
 
 def write_plots(output_dir, results: dict, subset=None) -> list:
-    """plots/loss.png, the training loss by optimizer step, and plots/f1.png, the F1 by training second (the evaluations
-    during training, on the first `subset` questions, then the final one): those written, from the run's records (no
-    TensorBoard needed; tools/plot_tb.py draws all it logged). Optional: no matplotlib, or a full disk, is a warning."""
+    """Those of plots/loss.png and plots/f1.png (plot_data) written, from the run's records: no TensorBoard needed
+    (tools/plot_tb.py draws all it logged). Optional: no matplotlib, or a full disk, is one warning, and no plots."""
     folder, written = Path(output_dir) / "plots", []
     try:
         from matplotlib.figure import Figure  # not pyplot: no window, no state shared with the rest of the process
@@ -250,14 +249,13 @@ def write_plots(output_dir, results: dict, subset=None) -> list:
         for name, (ylabel, ylim, xlabel, curves) in plot_data(output_dir, results, subset).items():
             if not (curves := [(points, label) for points, label in curves if points and None not in points[0]]):
                 continue
-            figure = Figure(figsize=(6.4, 3.6), layout="tight")
-            ax = figure.subplots()
+            ax = Figure(figsize=(6.4, 3.6), layout="tight").subplots()
             for points, label in curves:
                 draw_series(ax, points, label, f"{label}: {points[0][1]:.2f}")
             ax.set(xlabel=xlabel, ylabel=ylabel, ylim=ylim)
             ax.legend(fontsize="small")
             with replacing(folder / name) as tmp:
-                figure.savefig(tmp, format="png", dpi=100)
+                ax.figure.savefig(tmp, format="png", dpi=100)
             written.append(f"plots/{name}")
     logger.info("plots: %s", ", ".join(str(Path(output_dir) / name) for name in written) or "none")
     return written
