@@ -3,7 +3,6 @@ error (exit 2) when there are none. In-process (a fresh interpreter costs second
 import importlib.util
 import json
 import logging
-import sys
 
 import pytest
 
@@ -339,13 +338,3 @@ def test_plots_on_a_full_disk_are_one_warning_and_the_run_goes_on(disk, caplog):
     (disk / FILLER).unlink()
     assert write_plots(out, found) == ["plots/loss.png", "plots/f1.png"]  # with room, both
 
-
-def test_plots_without_matplotlib_are_one_warning(tmp_path, monkeypatch, caplog):
-    from qa.results.records import write_plots
-
-    found = _records(tmp_path / "out")
-    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if not installed: its import fails
-    with caplog.at_level(logging.WARNING):
-        assert write_plots(tmp_path / "out", found) == []
-    assert _warnings(caplog) == ["no plots: matplotlib is not installed (pip install matplotlib, for the next runs')"]
-    assert not (tmp_path / "out" / "plots").exists()

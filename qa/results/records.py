@@ -238,13 +238,10 @@ def plot_data(output_dir, results: dict, subset=None) -> dict:
 
 def write_plots(output_dir, results: dict, subset=None) -> list:
     """Those of plots/loss.png and plots/f1.png (plot_data) written, from the run's records: no TensorBoard needed
-    (tools/plot_tb.py draws all it logged). Optional: no matplotlib, or a full disk, is one warning, and no plots."""
+    (tools/plot_tb.py draws all it logged). Optional: a full disk is one warning, and no plots."""
+    from matplotlib.figure import Figure  # not pyplot: no window, no state shared with the rest of the process
+
     folder, written = Path(output_dir) / "plots", []
-    try:
-        from matplotlib.figure import Figure  # not pyplot: no window, no state shared with the rest of the process
-    except ImportError:
-        logger.warning("no plots: matplotlib is not installed (pip install matplotlib, for the next runs')")
-        return written
     with optional_output(folder, "the run's plots"):
         for name, (ylabel, ylim, xlabel, curves) in plot_data(output_dir, results, subset).items():
             if not (curves := [(points, label) for points, label in curves if points and None not in points[0]]):
