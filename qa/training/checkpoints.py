@@ -185,8 +185,7 @@ class Checkpoints:
             return self._trained_in(chosen)
         if chosen is not None:
             logger.info("resuming from %s", chosen)
-            return str(chosen)
-        return None
+        return chosen and str(chosen)
 
     def _trained_in(self, checkpoint: Path) -> str:
         """output_dir, given the model and trainer_state.json (last: the training ended) of `checkpoint`, where the
