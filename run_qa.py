@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from qa.arguments import check_before_loading  # the standard library only
 from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, Interrupted, command, require_packages
 
-require_packages("torch", "transformers", "datasets", "accelerate")  # before importing them: one line, no traceback
+require_packages("torch", "transformers", "datasets", "accelerate", "matplotlib")  # one line, not a traceback
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "bert-squad-run":  # a command (torchrun's too)
     if status := command(check_before_loading)(sys.argv[1:]):  # a wrong config or path: its line before torch loads
         sys.exit(status)
