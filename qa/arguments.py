@@ -413,10 +413,9 @@ def check_before_loading(argv) -> None:
     (--check) says them in its verdict."""
     if not asks_check(argv):
         flags = expand(argv)[1]
-        values = {name: None if (value := last_value(flags, name)) in (None, "none") else value for name in PATHS}
-        for name in PATHS:
-            if values[name] is not None:
-                RULES[name](name, values[name], values)
+        values = {name: value for name in PATHS if (value := last_value(flags, name)) not in (None, "none")}
+        for name, value in values.items():
+            RULES[name](name, value, values)
         check_test_file({**values, "do_predict": _true(last_value(flags, "do_predict"))})
 
 
