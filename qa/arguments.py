@@ -421,9 +421,8 @@ def check_before_loading(argv) -> None:
 
 @command
 def main(argv=None) -> int:
-    """For jobs/launch.sh: `python -m qa.arguments output_dir CONFIG [ARGS...]` prints the run's output folder;
-    `check CONFIG [ARGS...]` prints whether it is a check job (true or false); `global_batch N WORLD` checks that N
-    divides over the world (nothing printed)."""
+    """For jobs/launch.sh's checks before srun: `output_dir` prints the run's output folder, `check` true or false (a
+    check job), `global_batch N WORLD` nothing (only a refusal when N does not divide over WORLD)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["global_batch"] and len(argv) == 3 and all(a.isdigit() for a in argv[1:]):
         split_global_batch(int(argv[1]), int(argv[2]), int(argv[1]))
