@@ -23,7 +23,6 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def require_file(path, what: str = "file") -> None:
-    """`path` exists and is a file (`what` names it in the fix: "data file", "config file")."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputError(path, "file not found", f"check the path (a relative path is taken from {os.getcwd()})")
@@ -32,7 +31,6 @@ def require_file(path, what: str = "file") -> None:
 
 
 def read_bytes(path, what: str = "file") -> bytes:
-    """The file's content, decompressed when its content is gzip, whatever its name."""
     path = os.fspath(path)
     require_file(path, what)
     try:
@@ -52,16 +50,14 @@ def read_bytes(path, what: str = "file") -> bytes:
 
 
 def read_text(path, what: str = "file") -> str:
-    """The file's content as UTF-8 text (a byte-order mark is dropped)."""
     try:
-        return read_bytes(path, what).decode("utf-8-sig")
+        return read_bytes(path, what).decode("utf-8-sig")  # a byte-order mark is dropped
     except UnicodeDecodeError as exc:
         raise InputError(os.fspath(path), f"is not UTF-8 text (bad byte at offset {exc.start})",
                          "save the file as UTF-8") from exc
 
 
 def json_error(path, exc: json.JSONDecodeError, lineno: Optional[int] = None, hint: str = "") -> InputError:
-    """The one message for malformed JSON: the file, line and column, and the fix."""
     return InputError(f"{os.fspath(path)}, line {lineno or exc.lineno} column {exc.colno}",
                       f"malformed JSON: {exc.msg}",
                       "correct the JSON syntax at that point" + (f" ({hint})" if hint else ""))
