@@ -97,7 +97,6 @@ def _ctrl_c_in_one_line(hook, kind, value, traceback):
 
 
 def command(main):
-    """Decorates a command's `main(argv=None) -> int`."""
     @functools.wraps(main)
     def run(*args, **kwargs):
         status, reason = 1, ""
