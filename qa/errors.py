@@ -26,8 +26,8 @@ class InputError(Exception):
         self.where, self.problem, self.fix, self.exit_code = where, problem, fix, exit_code
         super().__init__(f"{where}: {problem}. Fix: {fix}")
 
-    def __reduce__(self):  # whole across processes (datasets.map with num_proc, DataLoader workers)
-        return type(self), (self.where, self.problem, self.fix, self.exit_code)
+    def __reduce__(self):  # whole across processes (datasets.map with num_proc, DataLoader workers), a subclass too:
+        return type(self).__new__, (type(self), *self.args), self.__dict__  # its state, not its __init__'s arguments
 
 
 class Interrupted(Exception):

@@ -126,9 +126,6 @@ class DiskFull(InputError):
         super().__init__(self.folder, f"{DISK_FULL[code]} while writing {what}",
                          WRITE_ELSEWHERE + (f"; {then}" if then else ""), EXIT_DISK_FULL)
 
-    def __reduce__(self):
-        return type(self), (self.folder, self.what, self.code, self.then)
-
 
 def disk_full(exc: BaseException, folder=None) -> Optional[int]:
     """ENOSPC or EDQUOT when `exc`, or an error it came from, says the disk or the quota is full; else None.
