@@ -199,8 +199,7 @@ def replacing(path):
             os.chmod(tmp, new_file_mode())  # mkstemp makes it 0600
             os.replace(tmp, path)
         except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            Path(tmp).unlink(missing_ok=True)
             raise
 
 
