@@ -101,7 +101,6 @@ def _unwritable(folder: str) -> str | None:
 
 
 def _given(check, *args):
-    """The rule of a setting that may be left unset (None): `check(value, *args)`, `{name}` in them filled in."""
     def rule(name, value, values) -> None:
         if value is not None:
             check(value, *(part.format(name=name) for part in args))
@@ -136,7 +135,6 @@ def _buckets(name, value, values) -> None:  # their one check: the collator take
 
 
 def arg(default=None, check=None, help=None, choices=None):
-    """A field with its rule ("check", see check_settings) and its --help (default: what the rule says it means)."""
     metadata = dict(help=help or getattr(check, "means", None), check=check, choices=choices)
     return field(default=default, metadata={key: value for key, value in metadata.items() if value})
 
