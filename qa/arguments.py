@@ -95,9 +95,9 @@ class Folder:
 
 
 def _unwritable(folder: str) -> str | None:
-    if os.access(folder, os.W_OK | os.X_OK):
-        return None
-    return "is on a read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else "is not writable by this user"
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return "is on a read-only file system"
+    return None if os.access(folder, os.W_OK | os.X_OK) else "is not writable by this user"
 
 
 def _given(check, *args):

@@ -30,8 +30,8 @@ class InputError(Exception):
 
 
 class Interrupted(Exception):
-    """SIGTERM or USR1 outside the training's steps (loading, tokenizing, the warm-up, evaluation, saving): nothing there
-    to checkpoint, the rerun goes on from what was saved. Its argument: the signal's name."""
+    """SIGTERM or USR1 outside the training's steps (loading, tokenizing, the warm-up, evaluation, saving): nothing
+    there to checkpoint, the rerun goes on from what was saved. Its argument: the signal's name."""
 
 
 def raise_again_if_lost() -> None:
