@@ -383,7 +383,8 @@ def test_the_compile_cache_on_a_full_disk_is_one_warning_each(disk, monkeypatch,
 def test_the_check_jobs_files_on_a_full_disk_stay_as_they_were(disk):
     from check_qa import write
 
-    report = SimpleNamespace(main=True, writable=True, problem=None, lines=[], measured={"x": 1.0}, predicted={})
+    report = SimpleNamespace(main=True, writable=True, problem=None, caveat=None, lines=[], measured={"x": 1.0},
+                             predicted={})
     env = {"host": "node1", "command": ["run_qa.py", "--check"]}
     write(report, disk / "out", env)
     before = tree(disk / "out")
