@@ -394,13 +394,10 @@ def asks_check(argv) -> bool:
         flags = expand(argv)[1]
     except InputError:
         return False
-    return _true(last_value(flags, "check", "false"))
+    return last_value(flags, "check", "false").lower() in TRUE
 
 
-def _true(flag) -> bool:
-    return str(flag).lower() in ("true", "yes", "y", "t", "1")
-
-
+TRUE = ("true", "yes", "y", "t", "1")  # a flag's true values, as transformers' string_to_bool reads them
 PATHS = ("output_dir", "model_name_or_path", "tokenizer_name", "cache_dir", "compile_cache_dir", "features_cache_dir",
          "train_file", "validation_file", "test_file", "resume")
 
@@ -414,7 +411,7 @@ def check_before_loading(argv) -> None:
         values = {name: value for name in PATHS if (value := last_value(flags, name)) not in (None, "none")}
         for name, value in values.items():
             RULES[name](name, value, values)
-        check_test_file({**values, "do_predict": _true(last_value(flags, "do_predict"))})
+        check_test_file({**values, "do_predict": last_value(flags, "do_predict", "false").lower() in TRUE})
 
 
 @command
