@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qa.data import synthetic
-from qa.data.synthetic import make_synthetic_squad
+from qa.data.synthetic import synthetic_squad
 
 
 def _questions(data):
@@ -26,7 +26,7 @@ def tokenizer():
 
 @pytest.mark.parametrize("v2", [False, True])
 def test_structure_count_ids_and_offsets(v2):
-    data = make_synthetic_squad(1234, seed=3, version_2_with_negative=v2)
+    data = synthetic_squad("train", 1234, 3, v2)
     assert data["version"] == ("synthetic-2.0" if v2 else "synthetic-1.1")
     qs = _questions(data)
     assert len(qs) == 1234
@@ -49,13 +49,13 @@ def test_structure_count_ids_and_offsets(v2):
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7])
 def test_small_counts(n):
-    assert len(_questions(make_synthetic_squad(n))) == n
+    assert len(_questions(synthetic_squad("train", n, 0, False))) == n
 
 
 def test_deterministic_and_seed_dependent():
-    a = json.dumps(make_synthetic_squad(500, seed=1, version_2_with_negative=True))
-    b = json.dumps(make_synthetic_squad(500, seed=1, version_2_with_negative=True))
-    c = json.dumps(make_synthetic_squad(500, seed=2, version_2_with_negative=True))
+    a = json.dumps(synthetic_squad("train", 500, 1, True))
+    b = json.dumps(synthetic_squad("train", 500, 1, True))
+    c = json.dumps(synthetic_squad("train", 500, 2, True))
     assert a == b
     assert a != c
     contexts = lambda s: {p["context"] for p, _ in _questions(json.loads(s))}  # noqa: E731
@@ -68,19 +68,19 @@ def test_does_not_touch_global_random_state():
     random.seed(123)
     expected = random.random()
     random.seed(123)
-    make_synthetic_squad(200, seed=5)
+    synthetic_squad("train", 200, 5, False)
     assert random.random() == expected
 
 
 def test_v2_fraction_impossible():
-    qs = _questions(make_synthetic_squad(3000, seed=0, version_2_with_negative=True))
+    qs = _questions(synthetic_squad("train", 3000, 0, True))
     frac = sum(qa["is_impossible"] for _, qa in qs) / len(qs)
     assert 0.25 < frac < 0.42
 
 
 def test_impossible_questions_are_not_trivially_detectable():
     # Many unanswerable questions name a person who does appear in the paragraph.
-    qs = _questions(make_synthetic_squad(3000, seed=0, version_2_with_negative=True))
+    qs = _questions(synthetic_squad("train", 3000, 0, True))
     impossible = [(p, qa) for p, qa in qs if qa["is_impossible"]]
     names_in_context = 0
     for p, qa in impossible:
@@ -91,12 +91,12 @@ def test_impossible_questions_are_not_trivially_detectable():
 
 def test_fast():
     start = time.perf_counter()
-    make_synthetic_squad(20000, seed=0, version_2_with_negative=True)
+    synthetic_squad("train", 20000, 0, True)
     assert time.perf_counter() - start < 2.0
 
 
 def test_context_lengths(tokenizer):
-    data = make_synthetic_squad(4000, seed=0)
+    data = synthetic_squad("train", 4000, 0, False)
     contexts = [p["context"] for a in data["data"] for p in a["paragraphs"]]
     enc = tokenizer(contexts, add_special_tokens=False)["input_ids"]
     lengths = [len(ids) for ids in enc]
@@ -125,7 +125,7 @@ def _type_of(text):
 
 
 def test_distractors_same_answer_type_in_several_sentences():
-    data = make_synthetic_squad(3000, seed=0)
+    data = synthetic_squad("train", 3000, 0, False)
     paragraphs = [p for a in data["data"] for p in a["paragraphs"]]
     with_distractor = 0
     for p in paragraphs:
@@ -142,7 +142,7 @@ def test_distractors_same_answer_type_in_several_sentences():
 
 @pytest.mark.parametrize("v2", [False, True])
 def test_fewer_questions_are_the_first_questions_of_more(v2):
-    few, many = make_synthetic_squad(100, 7, v2), make_synthetic_squad(300, 7, v2)
+    few, many = synthetic_squad("train", 100, 7, v2), synthetic_squad("train", 300, 7, v2)
     assert [qa for _, qa in _questions(few)] == [qa for _, qa in _questions(many)][:100]
     assert [p["context"] for p, _ in _questions(few)] == [p["context"] for p, _ in _questions(many)][:100]
 

@@ -147,30 +147,25 @@ def _paragraph(rng, n_questions, v2, ids):
 
 # The "version" field of the generated files: the official formats, marked as generated.
 VERSION_1, VERSION_2 = "synthetic-1.1", "synthetic-2.0"
+# Seed offsets of the generated evaluation splits, so they never repeat the training questions.
+SYNTHETIC_SEED_OFFSET = {"train": 0, "validation": 1_000_003, "test": 2_000_006}
 
 
-def make_synthetic_squad(n_examples: int, seed: int = 0, version_2_with_negative: bool = False) -> dict:
-    """Official nested SQuAD JSON with exactly `n_examples` questions; same seed, same data. A smaller
-    count gives the first questions of a larger one (none depends on how many follow)."""
+def synthetic_squad(split: str, questions: int, seed: int, version_2: bool) -> dict:
+    """The generated `split` of a run with --synthetic_seed `seed`, as official nested SQuAD JSON with exactly
+    `questions` questions; same seed, same data. A smaller count gives the first questions of a larger one (none
+    depends on how many follow)."""
+    seed += SYNTHETIC_SEED_OFFSET[split]
     rng = random.Random(seed)
-    ids = (f"syn-{seed}-{i}" for i in range(n_examples))
-    data, remaining, titles = [], n_examples, set()
+    ids = (f"syn-{seed}-{i}" for i in range(questions))
+    data, remaining, titles = [], questions, set()
     while remaining > 0:
         article = {"title": f"The {_fresh(rng, 'C', titles)} Records", "paragraphs": []}
         for _ in range(rng.randint(5, 10)):
             if remaining <= 0:
                 break
             n = min(remaining, rng.randint(3, 6))
-            article["paragraphs"].append(_paragraph(rng, n, version_2_with_negative, ids))
+            article["paragraphs"].append(_paragraph(rng, n, version_2, ids))
             remaining -= n
         data.append(article)
-    return {"version": VERSION_2 if version_2_with_negative else VERSION_1, "data": data}
-
-
-# Seed offsets of the generated evaluation splits, so they never repeat the training questions.
-SYNTHETIC_SEED_OFFSET = {"train": 0, "validation": 1_000_003, "test": 2_000_006}
-
-
-def synthetic_squad(split: str, questions: int, seed: int, version_2: bool) -> dict:
-    """The generated `split` of a run with --synthetic_seed `seed`, as official SQuAD JSON."""
-    return make_synthetic_squad(questions, seed + SYNTHETIC_SEED_OFFSET[split], version_2)
+    return {"version": VERSION_2 if version_2 else VERSION_1, "data": data}
