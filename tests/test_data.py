@@ -332,7 +332,7 @@ BAD_INPUTS = {
                              ["form.json", "question 'q2'", "unknown form"]),
     "pair_without_start": (lambda d: pd.DataFrame(pair_records(expected_rows()[1:])).assign(
         answer_start=["", "18", "0"]).to_csv(d / "nostart.csv", index=False) or d / "nostart.csv",
-        ["nostart.csv", "question 'q2'", "no answer_start"]),
+        ["nostart.csv", "question 'q2'", "1 answer text but 0 answer_start values"]),
     "empty_question": (lambda d: write_json(d / "q.json", _rows_with(question="  ")),
                        ["q.json", "question 'q2'", "empty question"]),
     "empty_context": (lambda d: write_json(d / "c.json", {"data": [{"title": "t", "paragraphs": [

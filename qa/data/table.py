@@ -149,7 +149,7 @@ def table_from_columns(columns: dict, path: str, require_answers: bool, locate: 
     if has_dict:
         table.answers = [_answers_from_value(v, table.name(i)) for i, v in enumerate(columns["answers"])]
     elif has_pair:
-        table.answers = [_answers_from_pair(t, s, table.name(i)) for i, (t, s) in
+        table.answers = [_answers_from_value({"text": t, "answer_start": s}, table.name(i)) for i, (t, s) in
                          enumerate(zip(columns["answer_text"], columns["answer_start"]))]
     else:
         table.answers = [{"text": [], "answer_start": []} for _ in range(n)]
@@ -172,8 +172,9 @@ def _answers_from_value(value, where: str) -> dict:
         except json.JSONDecodeError as exc:
             raise InputError(where, f"its answers are not valid JSON ({exc.msg} at column {exc.colno}): "
                              f"{short(value)}", 'write them as {"text": [...], "answer_start": [...]}') from exc
-    if isinstance(value, dict) and "text" in value and "answer_start" in value:
-        texts, starts = (v if isinstance(v, list) else [v] for v in (value["text"], value["answer_start"]))
+    if isinstance(value, dict) and "text" in value and "answer_start" in value:  # a blank single value: none
+        texts, starts = (v if isinstance(v, list) else [v] if _text(v).strip() else []
+                         for v in (value["text"], value["answer_start"]))
     elif isinstance(value, list) and all(isinstance(a, dict) and "text" in a and "answer_start" in a
                                          for a in value):
         texts, starts = [a["text"] for a in value], [a["answer_start"] for a in value]
@@ -183,21 +184,9 @@ def _answers_from_value(value, where: str) -> dict:
                          '[{"text": ..., "answer_start": ...}]')
     if len(texts) != len(starts):
         raise InputError(where, f"has {plural(len(texts), 'answer text')} but "
-                         f"{plural(len(starts), 'answer_start value')}", "give one answer_start per answer text")
+                         f"{plural(len(starts), 'answer_start value')}",
+                         "give one answer_start (the answer's character offset in the context) per answer text")
     return {"text": [_text(t) for t in texts], "answer_start": [_to_int(s, where) for s in starts]}
-
-
-def _answers_from_pair(text, start, where: str) -> dict:
-    if _is_blank(start):
-        if _is_blank(text):
-            return {"text": [], "answer_start": []}
-        raise InputError(where, f"has answer_text {short(text)} but no answer_start",
-                         "give the answer's character offset in the context as answer_start")
-    return _answers_from_value({"text": text, "answer_start": start}, where)
-
-
-def _is_blank(value) -> bool:
-    return len(value) == 0 if isinstance(value, list) else _text(value).strip() == ""
 
 
 def _to_int(value, where: str) -> int:
