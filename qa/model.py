@@ -52,21 +52,20 @@ def build_random_bert(folder: Path, shape: dict) -> Path:
     return folder
 
 
+BUNDLED = {"bundled:minilm": lambda work_dir: bundled_minilm_dir(),
+           "bundled:tiny-bert": lambda work_dir: build_random_bert(Path(work_dir) / "tiny-bert", TINY_BERT_SHAPE)}
+
+
 def check_model_source(name: str) -> None:
-    if name.startswith("bundled:"):
-        if name not in ("bundled:minilm", "bundled:tiny-bert"):
-            raise InputError(name, "unknown bundled model", "use bundled:minilm or bundled:tiny-bert")
-    elif (name.startswith((".", "/", "~")) or os.path.isdir(name)) and not os.path.isdir(os.path.expanduser(name)):
+    if name.startswith("bundled:") and name not in BUNDLED:
+        raise InputError(name, "unknown bundled model", f"use {' or '.join(BUNDLED)}")
+    if (name.startswith((".", "/", "~")) or os.path.isdir(name)) and not os.path.isdir(os.path.expanduser(name)):
         raise InputError(name, "model folder does not exist",
                          "pass a folder with config.json and weights, a Hub id, or bundled:minilm")
 
 
 def resolve_model_path(name: str, work_dir: Path) -> str:  # checked by qa.arguments (check_model_source)
-    if name == "bundled:minilm":
-        return str(bundled_minilm_dir())
-    if name == "bundled:tiny-bert":
-        return str(build_random_bert(Path(work_dir) / "tiny-bert", TINY_BERT_SHAPE))
-    return name
+    return str(BUNDLED[name](work_dir)) if name in BUNDLED else name
 
 
 def _modules(keys) -> str:
