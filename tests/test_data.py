@@ -299,6 +299,9 @@ BAD_INPUTS = {
     "nested_missing_field": (lambda d: write_json(
         d / "nested.json", {"data": [{"title": "t", "paragraphs": [{"qas": []}]}]}),
         ["nested.json", "article 1 't'", "no 'context' field"]),
+    "nested_question_not_object": (lambda d: write_json(d / "nested.json", {"data": [
+        {"title": "t", "paragraphs": [{"context": "c", "qas": [7]}]}]}),
+        ["nested.json", "article 1 't'", "expected a JSON object, found a int", "question {id, question, answers}"]),
     "nested_missing_answers": (lambda d: write_json(d / "noanswers.json", {"data": [
         {"title": "t", "paragraphs": [{"context": "c", "qas": [{"id": "x1", "question": "q"}]}]}]}),
         ["noanswers.json", "question 'x1'", "no 'answers' field"]),

@@ -15,6 +15,8 @@ from qa.io import json_error, parse_json_lines, read_bytes, read_text
 
 EXPECTED_COLUMNS = "id, title (optional), context, question, and answers (or answer_text + answer_start)"
 WHAT = "data file"  # what qa.io's messages call it
+SQUAD_LAYOUT = ("follow the official SQuAD layout: article {title, paragraphs}, paragraph {context, qas}, question "
+                "{id, question, answers}")
 
 
 def squad_features():
@@ -75,50 +77,34 @@ def table_from_document(obj, path: str, require_answers: bool) -> Table:
 
 
 def table_from_nested(articles: list, path: str, require_answers: bool) -> Table:
-    table, places = Table(where=path, has_answers=False), []
+    records, places = [], []  # a flat record per question, read as flat records are; the article it is in
     for a, article in enumerate(articles):
         title = _text(article.get("title")) if isinstance(article, dict) else ""
         place = f"article {a + 1} {title!r}"
         at = f"{path}, {place}"
         for paragraph in _field(article, "paragraphs", list, at):
-            context = _text(_field(paragraph, "context", None, at))
+            context = _field(paragraph, "context", None, at)
             for qa in _field(paragraph, "qas", list, at):
-                if not isinstance(qa, dict):
-                    raise InputError(at, "has a question that is not an object",
-                                     "write each question as {\"id\", \"question\", \"answers\"}")
-                qid = _text(_field(qa, "id", None, at))
-                where = f"{path}, question {qid!r}"
-                table.id.append(qid)
-                table.title.append(title)
-                table.context.append(context)
-                table.question.append(_text(_field(qa, "question", None, where)))
-                answers = (_answers_from_value(_field(qa, "answers", list, where), where)
-                           if "answers" in qa or require_answers else {"text": [], "answer_start": []})
-                if qa.get("is_impossible") and answers["text"]:
-                    raise InputError(where, f"is marked is_impossible but has "
-                                     f"{plural(len(answers['text']), 'answer')}",
+                where = f"{path}, question {_text(_field(qa, 'id', None, at))!r}"
+                _field(qa, "question", None, where)
+                answers = _field(qa, "answers", list, where) if "answers" in qa or require_answers else []
+                if qa.get("is_impossible") and answers:
+                    raise InputError(where, f"is marked is_impossible but has {plural(len(answers), 'answer')}",
                                      "remove its answers or set is_impossible to false")
-                table.answers.append(answers)
-                table.has_answers |= "answers" in qa
-                table.declares_v2 |= qa.get("is_impossible") is True
+                records.append({**qa, "title": title, "context": context})
                 places.append(place)
-    if not table.id:
-        raise InputError(path, "contains no questions", "give a file with SQuAD data")
-    table.locate = places.__getitem__
+    table = table_from_records(records, path, require_answers, places.__getitem__)
+    table.declares_v2 = any(record.get("is_impossible") is True for record in records)
     return table
 
 
 def _field(obj, key: str, kind, where: str):
     if not isinstance(obj, dict):
-        raise InputError(where, f"expected a JSON object, found a {type(obj).__name__}",
-                         "follow the official SQuAD layout")
+        raise InputError(where, f"expected a JSON object, found a {type(obj).__name__}", SQUAD_LAYOUT)
     if key not in obj:
-        raise InputError(where, f"has no {key!r} field (fields found: {', '.join(sorted(obj))})",
-                         "follow the official SQuAD layout: article {title, paragraphs}, paragraph "
-                         "{context, qas}, question {id, question, answers}")
+        raise InputError(where, f"has no {key!r} field (fields found: {', '.join(sorted(obj))})", SQUAD_LAYOUT)
     if kind is not None and not isinstance(obj[key], kind):
-        raise InputError(where, f"field {key!r} is a {type(obj[key]).__name__}, not a {kind.__name__}",
-                         "follow the official SQuAD layout")
+        raise InputError(where, f"field {key!r} is a {type(obj[key]).__name__}, not a {kind.__name__}", SQUAD_LAYOUT)
     return obj[key]
 
 
