@@ -2,6 +2,7 @@
 culprit and the fix (docs/running.md, "Bad input and exit statuses"); a bug keeps its traceback. torchrun ends with 1
 whatever its workers' statuses, so rank 0 writes how it ended into QA_OUTCOME_FILE, for the launcher."""
 import functools
+import json
 import os
 import signal
 import sys
@@ -119,13 +120,15 @@ def command(main):
             status = 0
         finally:
             if (path := os.environ.get("QA_OUTCOME_FILE")) and os.environ.get("RANK", "0") == "0":
-                from qa.io import atomic_write_json  # here: qa.io imports this module
-
                 outcome, default = OUTCOMES.get(status, ("failed", f"exit status {status}"))
+                tmp = f"{path}.{os.getpid()}.tmp"
                 try:
-                    atomic_write_json(path, {"status": status, "outcome": outcome, "reason": reason or default})
-                except (OSError, InputError) as err:  # a full disk (DiskFull): the launcher reads the exit status
-                    why = os.strerror(err.code) if isinstance(err, InputError) else err.strerror or err
-                    sys.stderr.write(f"warning: {path}: how the run ended is not recorded ({why})\n")
+                    with open(tmp, "w") as f:  # whole, then renamed; not with qa.io, above us
+                        json.dump({"status": status, "outcome": outcome, "reason": reason or default}, f)
+                    os.replace(tmp, path)
+                except OSError as err:  # a full disk: the launcher reads the exit status instead
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                    sys.stderr.write(f"warning: {path}: how the run ended is not recorded ({err.strerror or err})\n")
         return status
     return run
