@@ -8,7 +8,7 @@ same machine, the same data and the same model shape, in one invocation.
 Variants (each a fresh `run_qa.py` process through bench/timed_run.py, which adds the benchmark's
 own timed window and stops training when it closes; every figure comes from the code users run:
 the Trainer with the project's features, collator, sampler, and the run's own telemetry, whose
-timed window (`--telemetry_window`) gives the counts and seconds compared here):
+counts the window reads at its edges (bench_window.json: the counts and seconds compared here):
 
 - `reference`: what the well-known Hugging Face example does: every feature padded to
   max_seq_length, batch 12, lr 3e-5, fp32 (TF32 left at torch's default, off), the library's
@@ -192,14 +192,12 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log, extra_args
     batch = int(settings["per_device_train_batch_size"]) * int(settings.get("gradient_accumulation_steps", 1))
     timed = max(1, math.ceil(args.timed_samples / batch))
     steps = f"{args.warmup_steps}:{args.warmup_steps + timed}"
-    window = [] if settings.get("telemetry") is False else ["--telemetry_window", steps]
-    max_steps = args.warmup_steps + timed
+    profile, max_steps = [], args.warmup_steps + timed
     if args.window_min_s:
-        window += ["--telemetry_window_min_s", f"{args.window_min_s:g}"] if window else []
         steps += f":{args.window_min_s:g}"
         max_steps = args.warmup_steps + timed * MIN_S_STEP_ROOM
     if args.profile_steps and settings.get("telemetry") is not False:  # the steps just before the window
-        window += ["--profile", "true", "--profile_wait", str(args.warmup_steps - args.profile_steps - 1),
+        profile = ["--profile", "true", "--profile_wait", str(args.warmup_steps - args.profile_steps - 1),
                    "--profile_warmup", "1", "--profile_active", str(args.profile_steps), "--profile_repeat", "1"]
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
@@ -212,7 +210,7 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log, extra_args
         "--model_name_or_path", str(model_dir), *data, "--do_train",
         "--max_seq_length", str(size["max_seq_length"]), "--doc_stride", str(size["doc_stride"]),
         "--max_query_length", str(size["max_query_length"]),
-        "--max_steps", str(max_steps), *window,
+        "--max_steps", str(max_steps), *profile,
         "--output_dir", str(out), "--resume", "never",
         "--report_to", "none", "--save_strategy", "no", "--logging_steps", "100000", "--disable_tqdm", "true",
         "--seed", "42", "--features_cache_dir", str(work / "features"),
@@ -236,17 +234,16 @@ def run_variant(name, args, size, model_dir, work, on_gpu, peak, log, extra_args
     results_file, window_file = out / "all_results.json", out / "bench_window.json"
     if proc.returncode != 0 or not results_file.exists():
         raise VariantFailed(f"exit status {proc.returncode}", work / f"log-{name}.txt")
-    results = read_json(results_file)
-    if not window_file.exists() or (window and not results.get("train_window_complete")):
+    if not window_file.exists():
         raise VariantFailed("it ended before its timed window closed", work / f"log-{name}.txt")
+    results = {**read_json(results_file), **read_json(window_file)}  # the run's figures and its window's
     if settings.get("torch_compile") and results.get("compiled") != "yes":  # eager figures under a compiled name
         raise VariantFailed(f"torch.compile {results.get('compiled') or 'not recorded'}", work / f"log-{name}.txt")
     environment = read_json(out / "environment.json")
     for f in out.glob("*.safetensors"):  # the trained weights are of no use here
         f.unlink()
     return {"settings": settings, "notes": notes, "run_qa_args": argv, "results": results,
-            "window": read_json(window_file), "environment": environment, "threads": env.get("OMP_NUM_THREADS"),
-            "process_wall_s": round(wall, 1)}
+            "environment": environment, "threads": env.get("OMP_NUM_THREADS"), "process_wall_s": round(wall, 1)}
 
 
 class VariantFailed(Exception):
@@ -336,7 +333,7 @@ def summarise(name, raw, size, peak_flops_per_s):
         "projection_basis": basis,
         "timed_steps": res["train_window_steps"], "timed_samples": res["train_window_samples"],
         "timed_seconds": round(s, 3), "warmup_steps": res["train_window_first_step"] - 1,
-        # the telemetry's clock starts at the first step: a compile warm-up before it is added
+        # the window's clock starts at the first step: a compile warm-up before it is added
         "warmup_s": res.get("train_window_warmup_s", 0) + res.get("compile_warmup_s", 0),
         "first_step_s": res.get("train_first_step_s"),
         "process_wall_s": raw["process_wall_s"],
@@ -364,7 +361,8 @@ def instruments_off(runs: dict):
     benchmark's own window (bench/timed_run.py), median of the repeats; None unless both ran."""
     if not (runs.get("fast") and runs.get("fast_no_instruments")):
         return None
-    rates = {name: [round(r["window"]["steps"] / r["window"]["seconds"], 3) for r in runs[name]]
+    rates = {name: [round(r["results"]["train_window_steps"] / r["results"]["train_window_seconds"], 3)
+                    for r in runs[name]]
              for name in ("fast", "fast_no_instruments")}
     on, off = (statistics.median(rates[name]) for name in ("fast", "fast_no_instruments"))
     return {"steps_per_second_with": on, "steps_per_second_without": off, "without_over_with": round(off / on, 3),

@@ -60,6 +60,7 @@ def test_values_are_sane(report):
         assert v["samples_per_second"] > 0 and v["real_tokens_per_second"] > 0, name
         assert 0 <= v["padding_fraction"] < 1 and v["projected_2_epochs_s"] > 0, name
         assert v["timed_samples"] >= 48 and v["timed_seconds"] > 0, name
+        assert v["first_step_s"] > 0 and v["warmup_s"] >= v["first_step_s"] and v["warmup_steps"] == 1, name
         # real tokens/s = samples/s x mean real tokens of the timed batches (at most max_seq_length)
         assert v["real_tokens_per_second"] <= v["samples_per_second"] * r["data"]["max_seq_length"] * 1.0001, name
         if not r["gpu_available"]:

@@ -1,16 +1,36 @@
-"""No compilation inside a timed window: the telemetry counts the compilations between the ends
-of its window (torch's counters), an unpadded batch no longer recompiles the regionally compiled
+"""No compilation inside a timed window: the benchmark's window (bench/timed_run.py) counts the
+compilations between its ends (torch's counters), an unpadded batch no longer recompiles the regionally compiled
 layers (they always see an attention mask), and the compile warm-up compiles every batch shape before
 training without changing what training does (all in qa.training.compile).
 
 The compiled runs take 30-90 s each on 2 cores; QA_TEST_COMPILE=0 skips them."""
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 
-from tests.helpers import (COMPILED_TINY, compiled_run, minilm_tokenizer, needs_compile, offline_env, run_qa,
-                           running, tiny_bert, train_features)
+from tests.helpers import (COMPILED_TINY, REPO, minilm_tokenizer, needs_compile, offline_env, run_qa,
+                           running, tiny_bert, train_features, train_file)
+
+
+def windowed_run(tmp_path, lengths, window, *extra):
+    """compiled_run's training through bench/timed_run.py WINDOW: all_results.json with the window's figures
+    (bench_window.json) and the CompletedProcess. Kept here: tests/helpers.py's compiled_run runs run_qa.py only."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "out"
+    compiled = ["--train_file", train_file(tmp_path / "train.jsonl", lengths), "--do_train", "--model_name_or_path",
+                "bundled:tiny-bert", "--max_seq_length", "128", "--doc_stride", "32", "--max_query_length", "16",
+                "--pad_to_max_length", "false", "--train_sampling_strategy", "sequential", "--use_cpu", "true",
+                "--per_device_train_batch_size", "4", "--dataloader_num_workers", "0", "--torch_compile", "true",
+                "--compile_regional", "true", "--report_to", "none", "--save_strategy", "no", "--output_dir", str(out)]
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "timed_run.py"), window, *compiled, *extra], cwd=REPO,
+                          env=offline_env(tmp_path / "hf", OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    window_file = json.loads((out / "bench_window.json").read_text())
+    return {**json.loads((out / "all_results.json").read_text()), **window_file}, proc
 
 
 def test_sdpa_with_mask_computes_what_sdpa_computes(tmp_path):
@@ -43,9 +63,8 @@ def test_an_unpadded_batch_after_warm_up_does_not_recompile(tmp_path):
     an attention mask); step 3, inside the window, has no padding at all: transformers would hand
     the layers no mask, and they would recompile (measured: 1 compilation in the window)."""
     lengths = [40, 36, 36, 36] + [48, 44, 44, 44] + [48, 48, 48, 48]
-    results, _ = compiled_run(tmp_path, lengths, "--compile_dynamic", "true", "--max_steps", "3",
-                              "--telemetry_window", "2:3")
-    assert results["train_window_complete"] and results["train_window_steps"] == 1
+    results, _ = windowed_run(tmp_path, lengths, "2:3", "--compile_dynamic", "true", "--max_steps", "3")
+    assert results["train_window_steps"] == 1
     assert results["train_window_padding_fraction"] == 0  # the window's batch has no padding
     assert results["train_setup"]["attn_implementation"] == "sdpa_with_mask"
     assert results["train_setup"]["compile"]["unique_graphs"] > 0  # it compiled, before the window
@@ -57,19 +76,19 @@ def test_an_unpadded_batch_after_warm_up_does_not_recompile(tmp_path):
 @pytest.mark.compile
 def test_compile_warm_up_compiles_every_width_before_the_window(tmp_path):
     """Static graphs (one per padded width): widths 64 and 96 come first inside the window. Without
-    the warm-up the window holds their compilations (and the telemetry counts them); with it,
+    the warm-up the window holds their compilations (and counts them); with it,
     every width was compiled before the first step and the window holds none."""
     lengths = [30, 28, 28, 28] + [31, 29, 29, 29] + [60, 50, 50, 50] + [90, 70, 70, 70]
     # one compile cache: the warm run loads the cold run's graphs (the counters below count dynamo's frames alike)
     common = ["--compile_dynamic", "false", "--pad_to_multiple_of", "32", "--dataloader_drop_last", "true",
-              "--max_steps", "4", "--telemetry_window", "2:4", "--compile_cache_dir", str(tmp_path / "compiled")]
-    cold, _ = compiled_run(tmp_path / "cold", lengths, *common)
+              "--max_steps", "4", "--compile_cache_dir", str(tmp_path / "compiled")]
+    cold, _ = windowed_run(tmp_path / "cold", lengths, "2:4", *common)
     assert cold["train_window_compiles"] >= 2 and cold["train_window_new_graphs"] >= 2, cold
-    warm, proc = compiled_run(tmp_path / "warm", lengths, *common, "--compile_warmup", "true")
+    warm, proc = windowed_run(tmp_path / "warm", lengths, "2:4", *common, "--compile_warmup", "true")
     assert warm["compile_warmup_shapes"] == [[4, 32], [4, 64], [4, 96]]  # batch x width; drop_last: no smaller one
     assert warm["train_window_compiles"] == 0 and warm["train_window_new_graphs"] == 0, warm
     assert "compile warm-up: 3 batch shapes" in proc.stderr
-    # the telemetry's clock starts at the first step: the warm-up is in its own figure, not in the data time nor in
+    # the clocks start at the first step: the warm-up is in its own figure, not in the data time nor in
     # the window's warm-up (which, without it, holds the compilations)
     assert max(warm["train_data_time_total_s"], warm["train_window_warmup_s"]) < warm["compile_warmup_s"]
     assert warm["train_window_warmup_s"] < cold["train_window_warmup_s"]

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import PLAIN, REPO, scalars, tiny_run
+from tests.helpers import PLAIN, REPO, bench_module, scalars, tiny_run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,43 +239,70 @@ def test_passes_outside_the_optimizer_steps_are_not_counted():
     summary = cb.summary()
     assert summary["train_real_tokens_batches"] == 4 and summary["train_batches_padding_fraction"] == 0.0
 
-def test_timed_window_counts_only_its_steps():
+def _windowed(t, start, stop, min_s=0.0, telemetry=True):
+    """bench/timed_run.py's TimedWindow installed as run_qa installs it, after the run's telemetry (when on);
+    `step(control=None, mask=None)` runs one optimizer step through both, a batch of `mask` if given."""
     import torch
+    from transformers import TrainerControl
 
     from qa.training.telemetry import TelemetryCallback
 
-    t = _Tiny()
-    cb = TelemetryCallback(peak_tflops=1.0, timed_steps=(2, 4))
-    cb.on_train_begin(t.args, t.state, None, model=t.model)
-    masks = [[[1, 1, 0, 0]], [[1, 0, 0, 0]], [[1, 1, 1, 0]], [[1, 1, 1, 1], [1, 1, 0, 0]], [[1, 0, 0, 0]]]
-    for mask in masks:  # steps 1..5; the window holds steps 3 and 4
-        cb.on_step_begin(t.args, t.state, None)
-        t.model(input_ids=torch.tensor(mask), attention_mask=torch.tensor(mask))
+    cb = TelemetryCallback(peak_tflops=1.0) if telemetry else None
+    window = bench_module("timed_run").TimedWindow(start, stop, min_s, file="bench_window.json")
+    window.bind(SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[cb] if cb else [])))
+    callbacks = [c for c in (cb, window) if c]
+    t.args.output_dir, t.state.is_world_process_zero = t.out, True
+    if cb:
+        cb.on_train_begin(t.args, t.state, None, model=t.model)
+
+    def step(control=None, mask=None):
+        control = control or TrainerControl()
+        for c in callbacks:
+            c.on_step_begin(t.args, t.state, control)
+        if mask is not None:
+            t.model(input_ids=torch.tensor(mask), attention_mask=torch.tensor(mask))
         t.state.global_step += 1
-        cb.on_step_end(t.args, t.state, None)
+        for c in callbacks:
+            c.on_step_end(t.args, t.state, control)
+        return control
+    return cb, window, step
+
+
+def test_timed_window_counts_only_its_steps(tmp_path):
+    """The benchmark's window (bench/timed_run.py) reads the telemetry's counts at its edges: steps 3 and 4 of
+    five, training stopped at its close, its figures in bench_window.json; the run's telemetry counts every step."""
+    t = _Tiny()
+    t.out = tmp_path
+    cb, window, step = _windowed(t, 2, 4)
+    masks = [[[1, 1, 0, 0]], [[1, 0, 0, 0]], [[1, 1, 1, 0]], [[1, 1, 1, 1], [1, 1, 0, 0]], [[1, 0, 0, 0]]]
+    stopped = [step(mask=mask).should_training_stop for mask in masks]  # steps 1..5
+    assert stopped == [False, False, False, True, False]  # the Trainer stops at the close; here step 5 runs on
     cb.on_train_end(t.args, t.state, None)
-    s = cb.summary()
-    assert (s["train_window_first_step"], s["train_window_last_step"], s["train_window_complete"]) == (3, 4, True)
+    s = json.loads((tmp_path / "bench_window.json").read_text())
+    assert s == window.record and "train_window_complete" not in cb.summary()
+    assert (s["train_window_first_step"], s["train_window_last_step"], s["train_window_min_s"]) == (3, 4, None)
     assert s["train_window_steps"] == 2 and s["train_window_samples"] == 3
     assert s["train_window_real_tokens"] == 3 + 4 + 2 and s["train_window_batch_tokens"] == 12
     assert s["train_window_sum_sq_lengths"] == 9 + 16 + 4
     assert s["train_window_padding_fraction"] == 0.25
     assert s["train_window_seconds"] > 0 and s["train_window_warmup_s"] > 0 and s["train_first_step_s"] > 0
     assert s["train_window_samples_per_second"] == pytest.approx(3 / s["train_window_seconds"], rel=1e-3)
-    assert s["train_real_tokens_batches"] == 2 + 1 + 9 + 1  # the whole run still counts every step
-    cut = TelemetryCallback(timed_steps=(2, 40))
-    cut.on_train_begin(t.args, t.state, None, model=t.model)
-    cut.on_train_end(t.args, t.state, None)
-    assert cut.summary()["train_window_complete"] is False
+    assert s["train_window_mfu"] > 0 and s["train_window_peak_rss_gib"] > 0 and s["train_window_compiles"] == 0
+    assert cb.summary()["train_real_tokens_batches"] == 2 + 1 + 9 + 1  # the whole run still counts every step
+    # without the telemetry: the window's own steps, seconds and compilations, no counts
+    t.state.global_step = 0
+    _, bare, step = _windowed(t, 1, 2, telemetry=False)
+    step(), step()
+    assert bare.record["train_window_steps"] == 1 and bare.record["train_window_seconds"] > 0
+    assert "train_window_samples" not in bare.record and bare.record["train_window_compiles"] == 0
 
 
-def test_timed_window_counts_the_compilations_inside_it():
+def test_timed_window_counts_the_compilations_inside_it(tmp_path):
     """torch's counters, read at both ends of the window: a function compiled (and recompiled
     for a new input kind) inside the window is counted, one compiled before it is not."""
     import torch
 
     from qa.training.compile import compile_stats
-    from qa.training.telemetry import TelemetryCallback
 
     @torch.compile(backend="eager")  # dynamo's part only: no code generation, a fraction of a second
     def double(x):
@@ -284,66 +311,54 @@ def test_timed_window_counts_the_compilations_inside_it():
     compile_stats()  # the counting hook in place, as after an earlier run in this process ...
     torch._dynamo.reset()  # ... and cleared with every compile callback (tests and notebooks call it)
     t = _Tiny()
-    cb = TelemetryCallback(timed_steps=(2, 4))
-    cb.on_train_begin(t.args, t.state, None, model=t.model)
-    for step in range(1, 6):
-        cb.on_step_begin(t.args, t.state, None)
-        if step == 1:
+    t.out = tmp_path
+    _, window, step = _windowed(t, 2, 4)
+    for n in range(1, 6):
+        if n == 1:
             double(torch.ones(3))  # compiled before the window
-        if step == 3:
+        if n == 3:
             double(torch.ones(3))  # a graph it has: nothing compiled
             double(torch.ones(3, dtype=torch.int64))  # another dtype: its guards fail, a recompile
-        t.state.global_step += 1
-        cb.on_step_end(t.args, t.state, None)
-    cb.on_train_end(t.args, t.state, None)
-    s = cb.summary()
+        step()
+    s = window.record
     assert s["train_window_compiles"] == 1 and s["train_window_recompiles"] == 1 and s["train_window_new_graphs"] == 1
-    before = TelemetryCallback(timed_steps=(3, 4))
     t.state.global_step = 0
-    before.on_train_begin(t.args, t.state, None, model=t.model)
-    for step in range(1, 5):
-        before.on_step_begin(t.args, t.state, None)
-        if step == 2:
+    _, before, step = _windowed(t, 3, 4)
+    for n in range(1, 5):
+        if n == 2:
             double(torch.ones(2, 2))  # a new shape, before the window
-        t.state.global_step += 1
-        before.on_step_end(t.args, t.state, None)
-    before.on_train_end(t.args, t.state, None)
-    assert before.summary()["train_window_compiles"] == 0
+        step()
+    assert before.record["train_window_compiles"] == 0
 
 
-def test_timed_window_with_a_minimum_duration_stays_open_past_its_last_step():
-    """The telemetry measures; it never stops training (a benchmark's window does: bench/timed_run.py).
-    A window still open when training ends after its last step closes there."""
+def test_timed_window_with_a_minimum_duration_stays_open_past_its_last_step(tmp_path):
+    """A window that has not lasted MIN_S seconds at STOP stays open, then closes and stops training at the end of
+    the first step after that; training that ends before it closes leaves no bench_window.json."""
     import time
 
     from transformers import TrainerControl
 
-    from qa.training.telemetry import TelemetryCallback
-
     t = _Tiny()
-    cb = TelemetryCallback(timed_steps=(1, 2), window_min_s=0.25)
-    cb.on_train_begin(t.args, t.state, None, model=t.model)
+    t.out = tmp_path / "long"
+    _, window, step = _windowed(t, 1, 2, min_s=0.25)
     control = TrainerControl()
-    while "seconds" not in cb.timed and t.state.global_step < 100:
-        cb.on_step_begin(t.args, t.state, control)
+    while not control.should_training_stop and t.state.global_step < 100:
         time.sleep(0.05)
-        t.state.global_step += 1
-        cb.on_step_end(t.args, t.state, control)
-    t.step(cb, control)
-    cb.on_train_end(t.args, t.state, control)
-    s = cb.summary()
-    assert not control.should_training_stop and s["train_window_complete"] and s["train_window_min_s"] == 0.25
-    assert s["train_window_seconds"] >= 0.25 and s["train_window_last_step"] == t.state.global_step - 1 > 2
-    assert s["train_window_steps"] == s["train_window_last_step"] - 1
-    # training stopped after STOP, before the least duration: the window closes at the end
-    early = TelemetryCallback(timed_steps=(1, 2), window_min_s=60)
-    t.state.global_step = 0
-    early.on_train_begin(t.args, t.state, None, model=t.model)
-    for _ in range(3):
-        t.step(early, control)
-    early.on_train_end(t.args, t.state, control)
-    s = early.summary()
-    assert s["train_window_complete"] and s["train_window_last_step"] == 3 and s["train_window_steps"] == 2
+        step(control)
+    s = json.loads((t.out / "bench_window.json").read_text())
+    assert s["train_window_min_s"] == 0.25 and s["train_window_seconds"] >= 0.25
+    assert s["train_window_last_step"] == t.state.global_step > 2 and s["train_window_steps"] == t.state.global_step - 1
+    t.out, t.state.global_step = tmp_path / "early", 0
+    _, early, step = _windowed(t, 1, 2, min_s=60)
+    assert not any(step().should_training_stop for _ in range(3))
+    assert early.record.keys() == {"train_first_step_s"} and not (tmp_path / "early" / "bench_window.json").exists()
+
+
+def test_a_bad_window_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "timed_run.py"), "5:5", "--output_dir", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: bench/timed_run.py '5:5': must be START:STOP")
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Fix: give e.g. 10:50" in proc.stderr
 
 
 def test_clock_starts_at_the_first_step():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import compiled_run, losses, minilm_tokenizer, needs_compile, train_features
+from tests.test_compile import windowed_run
 
 CUDA_GRAPHS = ["--torch_compile_mode", "reduce-overhead", "--compile_regional", "false", "--length_buckets", "128", "384"]
 
@@ -51,7 +52,7 @@ def test_the_whole_model_compiles_once_for_every_width(tmp_path):
     lengths = [30, 28, 28, 28] + [60, 50, 50, 50] + [90, 70, 70, 70] + [40, 20]
     same = ["--compile_dynamic", "true", "--length_buckets", "32", "64", "128", "--compile_warmup", "true",
             "--max_steps", "4", "--logging_steps", "1"]
-    run, proc = compiled_run(tmp_path / "whole", lengths, *same, "--telemetry_window", "1:4", *CUDA_GRAPHS[:4])
+    run, proc = windowed_run(tmp_path / "whole", lengths, "1:4", *same, *CUDA_GRAPHS[:4])
     compiled_run(tmp_path / "regional", lengths, *same)  # configs/fast.json's compilation, one layer for all
     # the same computation: the same losses, step by step, but for the order of floating-point sums
     assert len(losses(tmp_path / "whole" / "out")) == 4

@@ -63,7 +63,7 @@ def perf_metrics(*, steps, samples, real_tokens, batch_tokens, flops, step_s, da
             "mfu": mfu(flops, busy, peak_flops_per_s)}
 
 
-def _sig(value, digits=5):
+def sig(value, digits=5):
     """Rounded to significant digits (tiny CPU figures such as MFU would round to 0 in decimals)."""
     return None if value is None else float(f"{value:.{digits}g}")
 
@@ -135,7 +135,7 @@ class TelemetryCallback(TrainerCallback):
         self.precision, self.world_size = self.setup["matmul_precision"], self.setup["world_size"]
         self.peak, self.peak_source = peak_flops(device_name, self.precision, self.peak_tflops)
         self.shape, self.gradients = model_shape(model), gradient_size(model)
-        self.counts, self.timed, self._peak_before_window = _Counts(), {}, 0
+        self.counts, self.timed, self.peak_before_reset = _Counts(), {}, 0
         self._logged = self.counts.snapshot()  # the counts at the last log entry
         compile_stats()  # from here on, recompilations are counted too
         self.train_start = self._mark = self._step_start = None
@@ -194,7 +194,7 @@ class TelemetryCallback(TrainerCallback):
         if step == start:
             self.timed["open"] = {"at": now, "counts": self.counts.snapshot(), "compiles": compile_stats()}
             if self._cuda:  # the window's peak is its own, not the warm-up's; the run's peak keeps both
-                self._peak_before_window = torch.cuda.max_memory_allocated()
+                self.peak_before_reset = torch.cuda.max_memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
         if closing:
             del self.timed["open"]
@@ -210,22 +210,23 @@ class TelemetryCallback(TrainerCallback):
         """For an entry of the training loss; QuestionAnsweringTrainer adds them to it (TensorBoard, the console)."""
         if self._hook is None or "loss" not in logs or self.counts.steps <= self._logged["steps"]:
             return {}
-        perf = {**self._perf(self.counts.snapshot(since=self._logged)), **self._memory()}
+        perf = {**self.figures(self.counts.snapshot(since=self._logged)), **self._memory()}
         self._logged = self.counts.snapshot()
-        return {"perf/" + k: _sig(v, 6) for k, v in perf.items() if v is not None}
+        return {"perf/" + k: sig(v, 6) for k, v in perf.items() if v is not None}
 
     def _memory(self, window=False) -> dict:
         out = {"peak_rss_gib": max_rss_gib()}  # the host's peak has no reset: the process's
-        if self._cuda:
+        if self._cuda:  # a timed window resets the device's peak (bench/timed_run.py): the run's is kept here
             peak = torch.cuda.max_memory_allocated()
-            out["peak_mem_gib"] = gib(peak if window else max(peak, self._peak_before_window))
+            out["peak_mem_gib"] = gib(peak if window else max(peak, self.peak_before_reset))
         return out
 
     def _flops(self, c: dict) -> float:
         s = self.shape
         return model_flops(s["non_embedding_params"], s["layers"], s["hidden"], c["real_tokens"], c["sum_sq"])
 
-    def _perf(self, c: dict) -> dict:
+    def figures(self, c: dict) -> dict:
+        """perf_metrics of counts `c` (a `counts.snapshot()`, or the difference of two)."""
         return perf_metrics(steps=c["steps"], samples=c["samples"], real_tokens=c["real_tokens"],
                             batch_tokens=c["batch_tokens"], flops=self._flops(c), step_s=c["step_s"],
                             data_s=c["data_s"], peak_flops_per_s=self.peak, world_size=self.world_size)
@@ -237,24 +238,24 @@ class TelemetryCallback(TrainerCallback):
         self._hook = None
         wall = time.perf_counter() - (self.train_start or time.perf_counter())
         t, s = self.counts.snapshot(), self.shape
-        perf, memory = self._perf(t), self._memory()
-        self._summary = {"train_step_time_mean_s": _sig(perf["step_time_s"]),
-                         "train_data_loading_share": _sig(perf["data_time_share"]),
-                         "train_step_time_total_s": _sig(t["step_s"]),
-                         "train_data_time_total_s": _sig(t["data_s"]),
+        perf, memory = self.figures(t), self._memory()
+        self._summary = {"train_step_time_mean_s": sig(perf["step_time_s"]),
+                         "train_data_loading_share": sig(perf["data_time_share"]),
+                         "train_step_time_total_s": sig(t["step_s"]),
+                         "train_data_time_total_s": sig(t["data_s"]),
                          # the rest of the loop's wall time: logging, evaluations, checkpoints
-                         "train_other_time_total_s": _sig(max(wall - t["step_s"] - t["data_s"], 0.0)),
-                         "train_batches_padding_fraction": _sig(perf["padding_fraction"]),
+                         "train_other_time_total_s": sig(max(wall - t["step_s"] - t["data_s"], 0.0)),
+                         "train_batches_padding_fraction": sig(perf["padding_fraction"]),
                          "train_real_tokens_batches": t["real_tokens"],
-                         "train_real_tokens_per_second_measured": _sig(perf["real_tokens_per_s"]),
-                         "train_samples_per_second_measured": _sig(perf["samples_per_s"]),
+                         "train_real_tokens_per_second_measured": sig(perf["real_tokens_per_s"]),
+                         "train_samples_per_second_measured": sig(perf["samples_per_s"]),
                          "train_model_flops": self._flops(t),
-                         **{f"train_{k}": _sig(perf[k]) for k in ("tflops_per_device", "mfu")},
+                         **{f"train_{k}": sig(perf[k]) for k in ("tflops_per_device", "mfu")},
                          "train_peak_tflops": None if self.peak is None else round(self.peak / 1e12, 2),
                          "train_peak_tflops_source": self.peak_source,
                          "train_matmul_precision": self.precision,
-                         "train_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
-                         "train_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
+                         "train_peak_memory_gib": sig(memory.get("peak_mem_gib")),
+                         "train_peak_rss_gib": sig(memory.get("peak_rss_gib")),
                          **{f"train_{k}": s[k] for k in ("non_embedding_params", "layers")},
                          "train_hidden_size": s["hidden"],
                          **{f"train_{k}": v for k, v in self.gradients.items()},
@@ -266,21 +267,21 @@ class TelemetryCallback(TrainerCallback):
         start, stop = self.timed_steps
         out = {"train_window_first_step": start + 1, "train_window_last_step": self.timed.get("last_step", stop),
                "train_window_min_s": self.window_min_s, "train_window_complete": bool(self.timed.get("complete")),
-               "train_first_step_s": _sig(self.timed.get("first_step_s"))}
+               "train_first_step_s": sig(self.timed.get("first_step_s"))}
         if not out["train_window_complete"]:
             logger.warning("telemetry: training ended before the timed window %d:%d closed", start, stop)
             return out
         c, seconds, compiles, memory = (self.timed[k] for k in ("counts", "seconds", "compiles", "memory"))
-        perf = self._perf({**c, "step_s": seconds, "data_s": 0.0})  # the window's wall time covers both
-        out.update({"train_window_seconds": _sig(seconds, 6),
-                    "train_window_warmup_s": _sig(self.timed["warmup_s"]),
+        perf = self.figures({**c, "step_s": seconds, "data_s": 0.0})  # the window's wall time covers both
+        out.update({"train_window_seconds": sig(seconds, 6),
+                    "train_window_warmup_s": sig(self.timed["warmup_s"]),
                     **{f"train_window_{k}": c[k] for k in ("steps", "samples", "batch_tokens", "real_tokens")},
                     "train_window_sum_sq_lengths": c["sum_sq"],
-                    "train_window_samples_per_second": _sig(perf["samples_per_s"]),
-                    "train_window_real_tokens_per_second": _sig(perf["real_tokens_per_s"]),
-                    **{f"train_window_{k}": _sig(perf[k]) for k in ("padding_fraction", "tflops_per_device", "mfu")},
-                    "train_window_peak_memory_gib": _sig(memory.get("peak_mem_gib")),
-                    "train_window_peak_rss_gib": _sig(memory.get("peak_rss_gib")),
+                    "train_window_samples_per_second": sig(perf["samples_per_s"]),
+                    "train_window_real_tokens_per_second": sig(perf["real_tokens_per_s"]),
+                    **{f"train_window_{k}": sig(perf[k]) for k in ("padding_fraction", "tflops_per_device", "mfu")},
+                    "train_window_peak_memory_gib": sig(memory.get("peak_mem_gib")),
+                    "train_window_peak_rss_gib": sig(memory.get("peak_rss_gib")),
                     **{f"train_window_{k}": compiles[k] for k in ("compiles", "recompiles")},
                     "train_window_new_graphs": compiles["unique_graphs"]})
         return out
