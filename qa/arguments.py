@@ -118,13 +118,6 @@ def _resume(name, value, values) -> None:
                          "pass auto (the last checkpoint in output_dir), never (start afresh) or a checkpoint-N folder")
 
 
-def _steps_window(name, value, values) -> None:
-    start, _, stop = str(value).partition(":")
-    if value is not None and not (start.isdigit() and stop.isdigit() and 1 <= int(start) < int(stop)):
-        raise InputError(f"telemetry_window={value!r}", "must be 'START:STOP' with 1 <= START < STOP (optimizer "
-                         "steps; the window opens at the end of step START)", "give e.g. '10:50'")
-
-
 def _buckets(name, value, values) -> None:  # their one check: the collator takes them as given
     if min(value or [1]) < 1:
         raise InputError(f"{name}={list(value)}", f"bucket {min(value)} is below 1", "give lengths of 1 or more")
@@ -197,9 +190,6 @@ class RunArguments:
     telemetry: bool = arg(True, help="Log step time, throughput, padding, data-loading share, MFU and peak memory.")
     peak_tflops: float | None = arg(None, Number("a device's dense TFLOP/s, for MFU (default: by GPU name)",
                                                  "give e.g. 312 for an A100 in bf16", low=0, open="low", optional=True))
-    telemetry_window: str | None = arg(None, _steps_window, "'START:STOP': optimizer steps timed apart.")
-    telemetry_window_min_s: float | None = arg(None, Number("the timed window's least seconds", "give e.g. 20", low=0,
-                                                            open="low", optional=True))
     eval_every: float | None = arg(None, steps("how often to evaluate during training (time_to_accuracy.json)",
                                                "use e.g. 0.25 or 200, or none for no evaluation during training",
                                                optional=True, steps_of="an epoch"))
@@ -227,9 +217,6 @@ class RunArguments:
                       "(check.md; a few dozen real steps, nothing of the run kept).")
 
     adjusted: list[str] = field(default_factory=list, init=False)  # not an argument: what the device changed
-
-    def timed_steps(self) -> tuple[int, int] | None:
-        return None if self.telemetry_window is None else tuple(map(int, self.telemetry_window.split(":")))
 
 
 # transformers' TrainingArguments accepts these out of range, or fails without naming the setting
@@ -275,7 +262,7 @@ def check_settings(values: dict, off=()) -> list:
     return check_together(values, off)
 
 
-NEEDS = {"telemetry_window_min_s": "telemetry_window", "eval_every_questions": "eval_every", "target_f1": "eval_every"}
+NEEDS = {"eval_every_questions": "eval_every", "target_f1": "eval_every"}
 IDLE_WITHOUT = {"compile_warmup": ("torch_compile", "the run does not compile: nothing to warm up"),
                 "fsdp_reduce_dtype": ("fsdp", "the run does not shard with FSDP")}
 

@@ -232,7 +232,6 @@ BAD_INPUTS = {
     "offline, not cached": (lambda d: ["--model_name_or_path", "google-bert/bert-base-uncased"], "setup_bert.sh"),
     "offline dataset": (lambda d: ["--dataset_name", "rajpurkar/squad"], "setup_bert.sh"),
     "bad config": (lambda d: [_bad_text(d / "cfg.json", "{oops")], "cfg.json"),
-    "window minimum without a window": (lambda d: ["--telemetry_window_min_s", "20"], "telemetry_window_min_s"),
     "preemption checks never": (lambda d: ["--preemption_check_steps", "0"], "preemption_check_steps"),
 }
 

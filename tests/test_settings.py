@@ -115,7 +115,6 @@ def test_out_of_range_value_stops_before_anything_is_written(name, offline, caps
     (["--seed", "4294967296"], "seed=4294967296: must be a whole number from 0 to 4294967295"),
     (["--null_score_diff_threshold", "nan"], "null_score_diff_threshold=nan: must be a finite number"),
     (["--max_train_samples", "0"], "max_train_samples=0"),
-    (["--telemetry_window", "5:5"], "telemetry_window='5:5'"),
     (["--profile_active", "0"], "profile_active=0"),
     (["--train_articles", "a:b"], "--train_articles 'a:b'"),
     (["--resume", "no-such-checkpoint"], "resume=no-such-checkpoint"),
@@ -219,7 +218,7 @@ def test_the_rules_accept_what_transformers_accepts():
     check_settings({"warmup_steps": 0, "save_steps": 0.1, "logging_steps": 1, "eval_steps": None, "max_steps": -1,
                     "adam_beta2": 0.999, "learning_rate": 0.0, "seed": 0, "data_seed": None, "max_grad_norm": 0,
                     "save_total_limit": None, "length_buckets": [128, 384], "max_seq_length": 384,
-                    "doc_stride": 128, "max_query_length": 64, "telemetry_window": "2:5", "resume": "auto"})
+                    "doc_stride": 128, "max_query_length": 64, "resume": "auto"})
     assert outside(steps("x", "y")) == 0 and math.isnan(outside(Number("x", "y")))
     with pytest.raises(InputError, match=r"^length_buckets=\[64, 256\]: bucket 256 is outside 1..max_seq_length=128"):
         check_settings({"max_seq_length": 128, "length_buckets": [64, 256]})

@@ -406,13 +406,11 @@ def test_run_callbacks_follow_the_arguments():
     assert run_callbacks(RunArguments(telemetry=False, checkpoint_on_sigterm=False), training_args) == {}
     hook = run_callbacks(RunArguments(ddp_comm_hook="fp16"), training_args)["ddp_comm_hook"]
     assert isinstance(hook, DDPCompressionHook) and hook.name == "fp16"
-    assert run_callbacks(RunArguments(telemetry_window="2:5"), training_args)["telemetry"].timed_steps == (2, 5)
     # their values are checked with every other setting, by qa.arguments' rules, right after parsing
     from qa.errors import InputError
     from qa.arguments import check_settings
 
-    for bad, culprit in (({"profile_active": 0}, "profile_active=0"), ({"peak_tflops": -1}, "peak_tflops=-1"),
-                         ({"telemetry_window": "5:5"}, "telemetry_window='5:5'")):
+    for bad, culprit in (({"profile_active": 0}, "profile_active=0"), ({"peak_tflops": -1}, "peak_tflops=-1")):
         with pytest.raises(InputError, match=f"^{culprit}: must be"):
             check_settings(bad)
 

@@ -22,8 +22,7 @@ def run_callbacks(run_args, training_args) -> dict:
         out["time_to_accuracy"] = TimeToAccuracyCallback(run_args.eval_every, run_args.target_f1, tensorboard_dir=(
             os.environ.get("TENSORBOARD_LOGGING_DIR") if "tensorboard" in (training_args.report_to or []) else None))
     if run_args.telemetry:
-        out["telemetry"] = TelemetryCallback(peak_tflops=run_args.peak_tflops, timed_steps=run_args.timed_steps(),
-                                             window_min_s=run_args.telemetry_window_min_s)
+        out["telemetry"] = TelemetryCallback(peak_tflops=run_args.peak_tflops)
     if run_args.profile:
         out["profiler"] = ProfilerCallback(training_args.output_dir, wait=run_args.profile_wait,
                                            warmup=run_args.profile_warmup, active=run_args.profile_active,

@@ -121,8 +121,8 @@ class TelemetryCallback(TrainerCallback):
     from the previous step's end (or the logging, evaluation, saving after it) to the next begin; over many steps host
     times track device times (a host ahead fills the GPU's bounded launch queue and waits). docs/telemetry.md."""
 
-    def __init__(self, peak_tflops=None, timed_steps=None, window_min_s=None):
-        self.peak_tflops, self.timed_steps, self.window_min_s = peak_tflops, timed_steps, window_min_s
+    def __init__(self, peak_tflops=None):
+        self.peak_tflops = peak_tflops
         self._summary, self._hook, self._accelerator = {}, None, None  # the hook: while training
 
     def bind(self, trainer) -> None:  # its accelerator says which autocast, if any, the training steps run in
@@ -135,7 +135,7 @@ class TelemetryCallback(TrainerCallback):
         self.precision, self.world_size = self.setup["matmul_precision"], self.setup["world_size"]
         self.peak, self.peak_source = peak_flops(device_name, self.precision, self.peak_tflops)
         self.shape, self.gradients = model_shape(model), gradient_size(model)
-        self.counts, self.timed, self.peak_before_reset = _Counts(), {}, 0
+        self.counts, self.peak_before_reset = _Counts(), 0
         self._logged = self.counts.snapshot()  # the counts at the last log entry
         compile_stats()  # from here on, recompilations are counted too
         self.train_start = self._mark = self._step_start = None
@@ -169,42 +169,12 @@ class TelemetryCallback(TrainerCallback):
         self.counts.step_s += time.perf_counter() - self._step_start
         self.counts.steps += 1
         self._step_start = None
-        if self.timed_steps is not None:
-            self._timed_window(state.global_step)
         self._set_mark()
 
     def _set_mark(self, *args, **kwargs):
         self._mark = time.perf_counter()
 
     on_log = on_evaluate = on_save = _set_mark  # their time is neither step nor data time
-
-    def _timed_window(self, step, closing=None):
-        start, stop = self.timed_steps
-        opened = self.timed.get("open")
-        if closing is None:
-            closing = opened is not None and step >= stop and (
-                not self.window_min_s or time.perf_counter() - opened["at"] >= self.window_min_s)
-        if step not in (1, start) and not closing:
-            return
-        if self._cuda:
-            torch.cuda.synchronize()  # host time = device time at the window's edges
-        now = time.perf_counter()
-        if step == 1:
-            self.timed["first_step_s"] = now - self.train_start
-        if step == start:
-            self.timed["open"] = {"at": now, "counts": self.counts.snapshot(), "compiles": compile_stats()}
-            if self._cuda:  # the window's peak is its own, not the warm-up's; the run's peak keeps both
-                self.peak_before_reset = torch.cuda.max_memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-        if closing:
-            del self.timed["open"]
-            counts = self.counts.snapshot(since=opened["counts"])
-            self.timed.update(warmup_s=opened["at"] - self.train_start, seconds=now - opened["at"], counts=counts,
-                              memory=self._memory(window=True), last_step=step, complete=True,
-                              compiles=compile_stats(since=opened["compiles"]))
-            if self.timed["compiles"]["compiles"]:
-                logger.warning("telemetry: %d compilation(s) inside the timed window (steps %d-%d): its figures "
-                               "include compile time", self.timed["compiles"]["compiles"], start + 1, step)
 
     def log_values(self, logs: dict) -> dict:
         """For an entry of the training loss; QuestionAnsweringTrainer adds them to it (TensorBoard, the console)."""
@@ -214,11 +184,10 @@ class TelemetryCallback(TrainerCallback):
         self._logged = self.counts.snapshot()
         return {"perf/" + k: sig(v, 6) for k, v in perf.items() if v is not None}
 
-    def _memory(self, window=False) -> dict:
+    def _memory(self) -> dict:
         out = {"peak_rss_gib": max_rss_gib()}  # the host's peak has no reset: the process's
         if self._cuda:  # a timed window resets the device's peak (bench/timed_run.py): the run's is kept here
-            peak = torch.cuda.max_memory_allocated()
-            out["peak_mem_gib"] = gib(peak if window else max(peak, self.peak_before_reset))
+            out["peak_mem_gib"] = gib(max(torch.cuda.max_memory_allocated(), self.peak_before_reset))
         return out
 
     def _flops(self, c: dict) -> float:
@@ -232,8 +201,6 @@ class TelemetryCallback(TrainerCallback):
                             data_s=c["data_s"], peak_flops_per_s=self.peak, world_size=self.world_size)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.timed.get("open") and state.global_step >= self.timed_steps[1]:
-            self._timed_window(state.global_step, closing=True)  # stopped before its least duration
         self._hook.remove()
         self._hook = None
         wall = time.perf_counter() - (self.train_start or time.perf_counter())
@@ -260,31 +227,6 @@ class TelemetryCallback(TrainerCallback):
                          "train_hidden_size": s["hidden"],
                          **{f"train_{k}": v for k, v in self.gradients.items()},
                          "train_setup": {**self.setup, "compile": compile_stats() if args.torch_compile else None}}
-        if self.timed_steps is not None:
-            self._summary.update(self._timed_summary())
-
-    def _timed_summary(self) -> dict:
-        start, stop = self.timed_steps
-        out = {"train_window_first_step": start + 1, "train_window_last_step": self.timed.get("last_step", stop),
-               "train_window_min_s": self.window_min_s, "train_window_complete": bool(self.timed.get("complete")),
-               "train_first_step_s": sig(self.timed.get("first_step_s"))}
-        if not out["train_window_complete"]:
-            logger.warning("telemetry: training ended before the timed window %d:%d closed", start, stop)
-            return out
-        c, seconds, compiles, memory = (self.timed[k] for k in ("counts", "seconds", "compiles", "memory"))
-        perf = self.figures({**c, "step_s": seconds, "data_s": 0.0})  # the window's wall time covers both
-        out.update({"train_window_seconds": sig(seconds, 6),
-                    "train_window_warmup_s": sig(self.timed["warmup_s"]),
-                    **{f"train_window_{k}": c[k] for k in ("steps", "samples", "batch_tokens", "real_tokens")},
-                    "train_window_sum_sq_lengths": c["sum_sq"],
-                    "train_window_samples_per_second": sig(perf["samples_per_s"]),
-                    "train_window_real_tokens_per_second": sig(perf["real_tokens_per_s"]),
-                    **{f"train_window_{k}": sig(perf[k]) for k in ("padding_fraction", "tflops_per_device", "mfu")},
-                    "train_window_peak_memory_gib": sig(memory.get("peak_mem_gib")),
-                    "train_window_peak_rss_gib": sig(memory.get("peak_rss_gib")),
-                    **{f"train_window_{k}": compiles[k] for k in ("compiles", "recompiles")},
-                    "train_window_new_graphs": compiles["unique_graphs"]})
-        return out
 
     def summary(self) -> dict:
         return dict(self._summary)
