@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 EXIT_INPUT_ERROR = 2
 EXIT_OUT_OF_MEMORY = 3  # the device ran out of memory (training step or evaluation): a smaller per-device batch
@@ -43,12 +44,12 @@ def raise_again_if_lost() -> None:
 
 
 def _lost(unraisable):
-    if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
-    elif isinstance(unraisable.exc_value, Interrupted):
-        os.kill(os.getpid(), signal.Signals[str(unraisable.exc_value)])
-    else:
-        _lost.hook(unraisable)
+    if not isinstance(exc := unraisable.exc_value, (Interrupted, KeyboardInterrupt)):
+        return _lost.hook(unraisable)
+    signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.Signals[str(exc)]
+    again = threading.Timer(0.1, os.kill, (os.getpid(), signum))  # sent now, it would be raised in this hook: lost
+    again.daemon = True
+    again.start()
 
 
 def _ctrl_c(signum, frame):
