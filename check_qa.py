@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import torch
+from transformers import TrainerCallback
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from qa.distributed import close_process_group, distributed, every_rank, on_main_rank
@@ -24,6 +25,7 @@ from qa.io import atomic_write_json, atomic_write_text
 from qa.results.records import environment_record
 from qa.results.wall_clock import PHASES
 from qa.training.preemption import interrupted_by_signals
+from qa.training.compile import compile_stats
 from qa.training.telemetry import autocast_precision, gib
 from studies.submit import asked, offered, partition_nodes, spelled, unmet
 
@@ -312,21 +314,20 @@ def acts(strategy, every, steps: int, per_epoch: int) -> set:
 
 
 def measure_training(report, trainer, telemetry, steps: int) -> None:
-    """The first steps (compilation, warm-up) then a timed window, which the job's remaining steps extrapolate."""
+    """The first steps (compilation, warm-up) then timed ones, from the telemetry's counts, which the job's remaining
+    steps extrapolate."""
     warm = min(WARM_STEPS, max(steps // 4, 1))
     stop = min(steps, warm + TIMED_STEPS)
-    telemetry.timed_steps = (warm, stop) if stop > warm else None
+    trainer.add_callback(warmed := WarmedUp(telemetry, warm))  # after the telemetry: its counts include step `warm`
     trainer.args.max_steps = stop
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
-    s = telemetry.summary()
-    window = telemetry.timed_steps is not None and s.get("train_window_complete")
-    step_s = s["train_window_seconds"] / s["train_window_steps"] if window else wall / stop
-    peak = s.get("train_window_peak_memory_gib") or s.get("train_peak_memory_gib")
-    rate = s.get("train_window_samples_per_second")
+    s, timed = telemetry.summary(), warmed.counts and telemetry.counts.snapshot(since=warmed.counts)
+    step_s = (timed["step_s"] + timed["data_s"]) / timed["steps"] if timed and timed["steps"] else wall / stop
+    peak, rate = s.get("train_peak_memory_gib"), timed and telemetry.figures(timed)["samples_per_s"]
     report.measured.update(train_steps=stop, train_s=wall, step_s=step_s, peak_memory_gib=peak, samples_per_s=rate,
-                           compiles_in_window=s.get("train_window_compiles"))
+                           compiles_in_window=timed and compile_stats(since=warmed.compiles)["compiles"])
     if trainer.args.device.type == "cuda" and peak:
         card = gib(torch.cuda.get_device_properties(trainer.args.device).total_memory)
         memory = f"peak GPU memory {peak:.1f} of {card:.1f} GiB ({peak / card:.0%})"
@@ -334,6 +335,17 @@ def measure_training(report, trainer, telemetry, steps: int) -> None:
         memory = f"peak host memory {s.get('train_peak_rss_gib') or 0:.1f} GiB"
     report.line("training", f"{stop} steps in {wall:.1f} s; from step {warm + 1}: {step_s:.3f} s a step"
                 + (f", {rate:.1f} samples/s" if rate else "") + f"; {memory}")
+
+
+class WarmedUp(TrainerCallback):
+    """The telemetry's counts and the compilations so far at the end of step `step`: the timed steps come after."""
+
+    def __init__(self, telemetry, step: int):
+        self.telemetry, self.step, self.counts, self.compiles = telemetry, step, None, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            self.counts, self.compiles = self.telemetry.counts.snapshot(), compile_stats()
 
 
 def measure_evaluation(report, trainer, examples, features) -> None:

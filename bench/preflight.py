@@ -6,7 +6,8 @@ long; and the machine's measured bf16 matmul rate, the yardstick for the achieve
 
 Checks (each recorded with ok, seconds and what it found; one that fails does not stop the others):
   matmul_bf16     an 8192^3 bf16 product on random data, timed with CUDA events: TFLOP/s
-  window_peak     the telemetry's timed window reports its own peak memory, not the warm-up's
+  window_peak     the benchmark's timed window (bench/timed_run.py) reports its own peak memory, not the
+                  warm-up's, and the run's telemetry keeps the run's
   profiler_keys   torch.profiler's table sorted by self_device_time_total (and memory)
   cuda_rng        the random generators put back by qa.evaluation.time_to_accuracy.rng_kept, CUDA's included
   sdpa_mask_bf16  sdpa_with_mask (a boolean mask, always passed) in bf16 at widths that are multiples of 8 and
@@ -57,18 +58,23 @@ def matmul_bf16():
 
 
 def window_peak():
-    from qa.training.telemetry import TelemetryCallback
+    from timed_run import TimedWindow  # the script beside this one
+    from qa.training.telemetry import TelemetryCallback, _Counts
 
-    t = TelemetryCallback(timed_steps=(2, 3))  # its window, driven by hand: the steps' bookkeeping is not tested
-    t._cuda, t._peak_before_window = CUDA, 0
-    t.counts, t.timed, t.train_start = SimpleNamespace(snapshot=dict), {}, time.perf_counter()
+    # the benchmark's window on the run's telemetry, driven by hand: the steps' bookkeeping is tested on a CPU
+    t = TelemetryCallback()
+    t._cuda, t.counts, t.peak_before_reset, t.peak, t.world_size = CUDA, _Counts(), 0, None, 1
+    t.shape = {"non_embedding_params": 1, "layers": 1, "hidden": 1}
+    w = TimedWindow(2, 3, file=None)
+    w.telemetry, w.began = t, time.perf_counter()
+    args, control = SimpleNamespace(device=DEVICE), SimpleNamespace(should_training_stop=False)
     big = torch.empty(256 * 2**20, dtype=torch.uint8, device=DEVICE)  # the warm-up's 256 MiB
     del big
-    t._timed_window(2)  # opens
+    w.on_step_end(args, SimpleNamespace(global_step=2), control)  # opens
     small = torch.empty(16 * 2**20, dtype=torch.uint8, device=DEVICE)
-    t._timed_window(3, closing=True)
+    w.on_step_end(args, SimpleNamespace(global_step=3), control)  # closes
     del small
-    window = t.timed["memory"].get("peak_mem_gib")
+    window = w.record["train_window_peak_memory_gib"]
     run = t._memory().get("peak_mem_gib")
     ok = not CUDA or (window < 0.2 and run >= 0.25)
     return {"window_peak_gib": window, "run_peak_gib": run, "ok": ok}
