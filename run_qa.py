@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from qa.arguments import check_before_loading  # the standard library only
-from qa.errors import EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, InputError, Interrupted, command, require_packages
+from qa.errors import EXIT_OUT_OF_MEMORY, InputError, Interrupted, command, require_packages
 
 require_packages("torch", "transformers", "datasets", "accelerate", "matplotlib")  # one line, not a traceback
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "bert-squad-run":  # a command (torchrun's too)
@@ -242,10 +242,6 @@ def _train_and_evaluate(setup, extra_callbacks):
         _evaluate(trainer, features, setup.examples, args, main, setup.clock)
     except torch.OutOfMemoryError as err:
         raise out_of_memory(args, err, then) from None
-    except Interrupted as stop:  # nothing to checkpoint: the evaluation is done again by the rerun
-        logger.warning("interrupted by %s during the evaluation%s: rerun the same command to evaluate", stop,
-                       f" (the trained model stays in {out})" if args.do_train else "")
-        return EXIT_INTERRUPTED
     ranks = every_rank(setup.clock.seconds)
     if main:
         compiled = {"compiled": compile_outcome()} if args.torch_compile else {}

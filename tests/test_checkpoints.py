@@ -440,8 +440,8 @@ def test_sigterm_in_the_final_evaluation_then_the_rerun_evaluates(saves, tmp_pat
             if proc.poll() is None:
                 proc.kill()
     text = log.read_text()
-    assert f"interrupted by SIGTERM during the evaluation (the trained model stays in {out}): rerun the same " \
-           "command to evaluate" in text, text[-3000:]
+    assert "interrupted by SIGTERM during final evaluation: stopped at once, nothing more saved; the same command goes " \
+           "on from what was saved" in text, text[-3000:]
     assert "Traceback" not in text and not (out / "eval_results.json").exists()
     before = _training_records(out)
     assert before[1] == 6 and (saves == "no") == (not list(out.glob("checkpoint-*")))
