@@ -89,10 +89,6 @@ def parse_json_lines(text: str, path) -> Iterator[Tuple[int, object]]:
                 raise json_error(path, exc, lineno) from exc
 
 
-def read_json_lines(path, what: str = "file") -> list:
-    return [value for _, value in parse_json_lines(read_text(path, what), path)]
-
-
 def new_file_mode() -> int:
     try:  # read without setting it (setting it is not thread-safe) where the system says it
         status = Path("/proc/self/status").read_text()

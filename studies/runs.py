@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from qa.errors import InputError
-from qa.io import read_json, read_json_lines
+from qa.io import parse_json_lines, read_json, read_text
 from scaling.baseline import as_number
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -90,7 +90,7 @@ def _read(path: Path, lines=False):
     if not path.is_file():
         return None, f"no {path.name}"
     try:
-        return (read_json_lines(path) if lines else read_json(path)), None
+        return ([value for _, value in parse_json_lines(read_text(path), path)] if lines else read_json(path)), None
     except InputError as err:
         return None, f"{path.name} unreadable ({err.problem})"
 

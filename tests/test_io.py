@@ -5,7 +5,7 @@ import json
 import pytest
 
 from qa.errors import InputError
-from qa.io import read_json, read_json_lines
+from qa.io import parse_json_lines, read_json, read_text
 
 
 def test_gzip_by_content_and_a_byte_order_mark(tmp_path):
@@ -37,6 +37,9 @@ def test_missing_or_folder(tmp_path):
 
 
 def test_json_lines(tmp_path):
+    def read_json_lines(path):
+        return [value for _, value in parse_json_lines(read_text(path), path)]
+
     path = tmp_path / "parts.jsonl"
     path.write_text('{"job": 1}\n\n[2]\n{"job": \n')
     with pytest.raises(InputError, match=r"parts.jsonl, line 4 column \d+: malformed JSON"):
