@@ -309,6 +309,8 @@ def test_a_run_draws_its_loss_and_f1_and_names_them(run_args, tmp_path_factory):
     assert during == ([(e["train_seconds"], e["f1"]) for e in record["evaluations"]],
                       "during training (first 20 questions)" if run_args == EVAL_EVERY else "during training")
     assert len(during[0]) == found.get("eval_during_training_count", 0)
+    # plot_tb's f1_vs_time.png reads the same evaluations, with the TensorBoard events
+    assert _plot_tb().load_scalars(run).get("eval_by_train_seconds/f1", []) == during[0]
 
 
 def _records(out):

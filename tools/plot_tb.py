@@ -31,12 +31,13 @@ import sys
 from pathlib import Path
 
 from qa.errors import InputError, command
-from qa.io import read_json
+from qa.io import read_json, read_record
 from qa.results.records import draw_series  # the run's own plots (plots/*.png) draw their curves so too
 
 EVENT_GLOB = "events.out.tfevents.*"
 
 TIME_PLOT = "f1_vs_time.png"  # its x axis is the training seconds, and it shows the target
+TIME_TAG = "eval_by_train_seconds"  # time_to_accuracy.json's evaluations, among the scalars: step = training seconds
 
 # How a value is drawn: "plain" (matplotlib's limits, widened when the values barely move),
 # "zero" (a quantity >= 0: the axis starts at zero, so its size reads true), "share" (a fraction
@@ -57,11 +58,9 @@ PLOTS = {
                                                              (["eval/exact_match", "eval_exact_match"],
                                                               "exact match")])]),
     TIME_PLOT: ("Time to accuracy: the evaluations during training", [
-        ("score (%)", "percent", [(["eval_by_train_seconds/f1"], "F1"),
-                                  (["eval_by_train_seconds/exact_match"], "exact match")])]),
+        ("score (%)", "percent", [([f"{TIME_TAG}/f1"], "F1"), ([f"{TIME_TAG}/exact_match"], "exact match")])]),
 }
-# Plots whose x axis is not the optimizer step (qa/evaluation/time_to_accuracy.py logs its scores with the
-# training seconds as the step).
+# Plots whose x axis is not the optimizer step (TIME_TAG's step is the training seconds).
 X_LABELS = {TIME_PLOT: "training seconds (evaluations excluded)"}
 # The other train/perf/* figures (performance.png), by the last part of their tag.
 PERF_PANELS = {
@@ -116,6 +115,10 @@ def load_scalars(run_dir) -> dict:
         last = max(points)
         out[tag] = [(step, max(values)[1]) for step, values in sorted(points.items()) if step != last]
         out[tag] += [(last, value) for _, value in sorted(points[last])]
+    # the evaluations during training by training seconds are the run's time_to_accuracy.json, not events
+    evaluations = read_record(run_dir / "time_to_accuracy.json").get("evaluations") or []
+    for name in ("f1", "exact_match") if evaluations else ():
+        out[f"{TIME_TAG}/{name}"] = [(e["train_seconds"], e[name]) for e in evaluations]
     return out
 
 

@@ -10,10 +10,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from qa.io import optional_output
-
 logger = logging.getLogger(__name__)
-TAG = "eval_by_train_seconds"  # TensorBoard: F1 and EM with the training seconds as the step
 
 
 def eval_interval(every: float, steps_per_epoch: int) -> int:
@@ -73,10 +70,10 @@ def time_to_target(evaluations: list[dict], target: float) -> dict:
 class TimeToAccuracyCallback(TrainerCallback):
     """An evaluation every `every` (eval_interval) and at the last step, each on the training clock, on every rank."""
 
-    def __init__(self, every: float, target_f1: float | None = None, tensorboard_dir: str | None = None):
-        self.every, self.target_f1, self.tensorboard_dir = every, target_f1, tensorboard_dir
+    def __init__(self, every: float, target_f1: float | None = None):
+        self.every, self.target_f1 = every, target_f1
         self.evaluations: list[dict] = []
-        self.interval, self._training, self._writer = None, False, None
+        self.interval, self._training = None, False
 
     def on_train_begin(self, args, state, control, train_dataloader, **kwargs):
         self._accumulation = max(int(args.gradient_accumulation_steps), 1)
@@ -114,32 +111,13 @@ class TimeToAccuracyCallback(TrainerCallback):
             logger.warning("time to accuracy: the evaluation at step %d gave no F1 (unlabelled validation data?)",
                            state.global_step)
             return
-        self.evaluations.append(entry)
-        self._write_tensorboard(state, entry)
+        self.evaluations.append(entry)  # its plot by training seconds: plots/f1.png, tools/plot_tb.py
         logger.info("time to accuracy: step %d, %.1f training seconds, F1 %.2f, EM %.2f", entry["step"],
                     train_seconds, entry["f1"], entry["exact_match"])
-
-    def _write_tensorboard(self, state, entry):
-        if self.tensorboard_dir is None or not state.is_world_process_zero:
-            return
-        with optional_output(self.tensorboard_dir, "TensorBoard events") as said:
-            if self._writer is None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._writer = SummaryWriter(self.tensorboard_dir)
-            for name in ("f1", "exact_match"):
-                self._writer.add_scalar(f"{TAG}/{name}", entry[name], global_step=round(entry["train_seconds"]))
-            self._writer.flush()
-        if said.stopped:  # no more events, said once
-            self.tensorboard_dir = self._writer = None
 
     def on_train_end(self, args, state, control, **kwargs):
         self._training = False
         self.train_seconds = time.perf_counter() - self._start - self.evaluation_s
-        if self._writer is not None:
-            writer, self._writer = self._writer, None
-            with optional_output(self.tensorboard_dir, "TensorBoard events"):
-                writer.close()
 
     def summary(self) -> dict:
         if self.interval is None:

@@ -1,6 +1,5 @@
 """The callbacks a run adds to the Trainer, built from its settings (qa.arguments.RunArguments) and
 installed in one place. Each keeps its own clock; the one order that matters is said where it is."""
-import os
 import threading
 
 from transformers.integrations import TensorBoardCallback
@@ -19,8 +18,7 @@ from qa.training.telemetry import TelemetryCallback
 def run_callbacks(run_args, training_args) -> dict:
     out = {}
     if run_args.eval_every is not None:  # first: the time to accuracy counts the compile warm-up's time
-        out["time_to_accuracy"] = TimeToAccuracyCallback(run_args.eval_every, run_args.target_f1, tensorboard_dir=(
-            os.environ.get("TENSORBOARD_LOGGING_DIR") if "tensorboard" in (training_args.report_to or []) else None))
+        out["time_to_accuracy"] = TimeToAccuracyCallback(run_args.eval_every, run_args.target_f1)
     if run_args.telemetry:
         out["telemetry"] = TelemetryCallback(peak_tflops=run_args.peak_tflops)
     if run_args.profile:
