@@ -302,6 +302,7 @@ def test_a_signal_at_any_stage_is_one_line_and_the_rerun_goes_on(phase, nth, sig
 
     monkeypatch.setattr(PhaseClock, "phase", phase_with_a_signal)
     handlers = {s: signal.getsignal(s) for s in NAMES}  # a stopping run ignores more signals: this process goes on
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal: pytest-xdist's workers ignore it
     assert main(args) == (EXIT_CTRL_C if sig == signal.SIGINT else 143)
     for s, handler in handlers.items():
         signal.signal(s, handler)
