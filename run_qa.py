@@ -15,7 +15,7 @@ from qa.errors import EXIT_OUT_OF_MEMORY, InputError, Interrupted, command, requ
 
 require_packages("torch", "transformers", "datasets", "accelerate", "matplotlib")  # one line, not a traceback
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "bert-squad-run":  # a command (torchrun's too)
-    if status := command(check_before_loading)(sys.argv[1:]):  # a wrong config or path: its line before torch loads
+    if status := command(check_before_loading, ends_the_run=False)(sys.argv[1:]):  # its line before torch loads
         sys.exit(status)
 import torch
 from transformers import default_data_collator, set_seed

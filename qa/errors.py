@@ -97,7 +97,8 @@ def _ctrl_c_in_one_line(hook, kind, value, traceback):
     sys.stderr.write(f"{CTRL_C}\n")
 
 
-def command(main):
+def command(main, ends_the_run=True):
+    """`ends_the_run` False: a check before the command proper, whose passing is no outcome (QA_OUTCOME_FILE)."""
     @functools.wraps(main)
     def run(*args, **kwargs):
         status, reason = 1, ""
@@ -120,7 +121,8 @@ def command(main):
                 raise
             status = 0
         finally:
-            if (path := os.environ.get("QA_OUTCOME_FILE")) and os.environ.get("RANK", "0") == "0":
+            if (path := os.environ.get("QA_OUTCOME_FILE")) and os.environ.get("RANK", "0") == "0" and (
+                    status or ends_the_run):
                 outcome, default = OUTCOMES.get(status, ("failed", f"exit status {status}"))
                 tmp = f"{path}.{os.getpid()}.tmp"
                 try:

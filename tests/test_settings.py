@@ -3,6 +3,7 @@ an out-of-range value stops run_qa.py with one `error:` line naming the setting 
 exit 2, no traceback, and nothing written (no output folder, no environment.json, no features
 cache, no tiny-BERT build). And `--help` prints the help and exits 0."""
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from qa.arguments import RULES, DataArguments, Folder, ModelArguments, Number, RunArguments, check_settings, steps
-from qa.errors import InputError
+from qa.arguments import (RULES, DataArguments, Folder, ModelArguments, Number, RunArguments, check_before_loading,
+                          check_settings, steps)
+from qa.errors import InputError, command
 from tests.helpers import REPO, go_offline, offline_env, run_qa, unprivileged
 
 BASE = ["--model_name_or_path", "bundled:tiny-bert", "--dataset_name", "synthetic", "--do_train", "--do_eval",
@@ -167,8 +169,18 @@ def test_a_folder_on_a_read_only_file_system_is_named_so(tmp_path):
         subprocess.run(["umount", str(mount)], check=True)
 
 
-EARLY = ("import atexit, runpy, sys; atexit.register(lambda: print(sorted({'torch', 'transformers'} & set(sys.modules)),"
-         " file=sys.stderr)); sys.argv = sys.argv[1:]; ")
+def test_the_check_before_loading_records_a_refusal_not_a_pass(tmp_path, monkeypatch):
+    """A pass is no outcome: a run killed later would leave "completed" for the job's launcher to read."""
+    outcome = tmp_path / "outcome.json"
+    monkeypatch.setenv("QA_OUTCOME_FILE", str(outcome))
+    early = command(check_before_loading, ends_the_run=False)
+    assert early([str(REPO / "configs" / "smoke_tiny.json")]) == 0 and not outcome.exists()
+    assert early([str(tmp_path / "none.json")]) == 2
+    assert json.loads(outcome.read_text())["outcome"] == "refused"
+
+
+EARLY = ("import atexit, runpy, sys; atexit.register(lambda: print(sorted({'torch', 'transformers'} & "
+         "set(sys.modules)), file=sys.stderr)); sys.argv = sys.argv[1:]; ")
 
 
 @pytest.mark.parametrize("how", ["run_qa.py", "bert-squad-run"])
