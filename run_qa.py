@@ -235,6 +235,7 @@ def _train_and_evaluate(setup, extra_callbacks):
                 if "time_to_accuracy" in callbacks:
                     atomic_write_json(Path(out) / "time_to_accuracy.json", callbacks["time_to_accuracy"].record())
                 trainer.save_state()  # last: trainer_state.json in output_dir says the training ended (its progress)
+                setup.checkpoints.remove_incomplete()
     # From here on the trained model and its records stay: a rerun evaluates it without training (Checkpoints.choose)
     then = (f"the same command with it evaluates the model trained in {out}, without training again" if args.do_train
             else "rerun with it")

@@ -260,15 +260,12 @@ def write_plots(output_dir, results: dict, subset=None) -> list:
 
 def finish_run(output_dir, wall_clock_seconds: float, env: dict, extra=None) -> dict:
     """all_results.json completed with the wall clock and `extra` (known only at the end), and results.md."""
-    from qa.training.checkpoints import remove_incomplete  # here: the tools that read records need no torch
-
     output_dir = Path(output_dir)
     results = _all_results(output_dir, {**(extra or {}), "WALL_CLOCK_SECONDS": round(wall_clock_seconds, 3)})
     write_generated_data(output_dir, env["config"])
-    if env["config"].get("do_train"):  # a trained model: its plots, how to use it, and no more torn checkpoints
+    if env["config"].get("do_train"):  # a trained model: its plots, and how to use it
         results["plots"] = write_plots(output_dir, results, env["config"].get("eval_every_questions"))
         write_model_card(output_dir, results, env, device_name(env))
-        remove_incomplete(output_dir)
     atomic_write_text(output_dir / "results.md", results_markdown(results, env))
     # Last: its WALL_CLOCK_SECONDS says that the run ended; stopped before (a full disk), the rerun evaluates again
     atomic_write_json(output_dir / "all_results.json", results)

@@ -232,16 +232,15 @@ class Checkpoints:
             return f"its {COMPLETE_MARKER} lists no files to verify"
         return check_files(folder, files)
 
-
-def remove_incomplete(output_dir) -> None:
-    """Once a run has finished: the incomplete-<time> folders of checkpoint saves cut short (_move_aside), which nothing
-    resumes from. Complete checkpoints, previous-<time> and damaged-<time> (complete when saved) stay."""
-    torn = sorted(p for p in Path(output_dir).iterdir() if (m := _ASIDE.match(p.name)) and m[1] == "incomplete")
-    for path in torn:
-        shutil.rmtree(path, ignore_errors=True)
-    if removed := [p.name for p in torn if not p.exists()]:
-        logger.info("removed %d folder(s) of checkpoint saves cut short (never resumed from) in %s: %s", len(removed),
-                    output_dir, ", ".join(removed))
+    def remove_incomplete(self) -> None:
+        """Once the training has ended: the incomplete-<time> folders of saves cut short (_move_aside), which nothing
+        resumes from. Complete checkpoints, previous-<time> and damaged-<time> (complete when saved) stay."""
+        torn = sorted(p for p in Path(self.output_dir).glob("incomplete-*") if _ASIDE.match(p.name))
+        for path in torn:
+            shutil.rmtree(path, ignore_errors=True)
+        if removed := [p.name for p in torn if not p.exists()]:
+            logger.info("removed %d folder(s) of checkpoint saves cut short (never resumed from) in %s: %s",
+                        len(removed), self.output_dir, ", ".join(removed))
 
 
 def _move_aside(output_dir, paths, label, log=True):
